@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# A readiness gate: runs on the node of the container it waits for, polls URL until HTTP 200.
+# Fails at once if the container stops running, or after TIMEOUT seconds; on failure prints the
+# last 100 lines of the container's log so `pulumi up` shows why.
+#
+# usage: wait-healthy.sh --url URL --container NAME --timeout SECONDS --interval SECONDS
+set -uo pipefail
+
+url="" container="" timeout=1800 interval=10
+while (($# > 0)); do
+  case "$1" in
+    --url) url="$2" ;;
+    --container) container="$2" ;;
+    --timeout) timeout="$2" ;;
+    --interval) interval="$2" ;;
+    *) echo "wait-healthy.sh: unknown option '$1'" >&2; exit 2 ;;
+  esac
+  shift 2
+done
+
+log_tail() {
+  echo "last 100 lines of ${container}:" >&2
+  docker logs --tail 100 "${container}" 2>&1 | sed 's/^/  | /' >&2
+}
+
+start=${SECONDS}
+while true; do
+  code=$(curl --silent --output /dev/null --write-out '%{http_code}' --max-time 10 "${url}")
+  elapsed=$((SECONDS - start))
+  if [[ "${code}" == 200 ]]; then
+    echo "${container}: healthy after ${elapsed}s (${url})"
+    exit 0
+  fi
+  state=$(docker inspect --format '{{.State.Status}} (exit code {{.State.ExitCode}})' \
+    "${container}" 2>/dev/null || echo "missing")
+  if [[ "${state}" != running* ]]; then
+    echo "${container}: not running: ${state}; ${url} answered ${code}" >&2
+    log_tail
+    exit 1
+  fi
+  if ((elapsed >= timeout)); then
+    echo "${container}: not healthy after ${elapsed}s (${url} answered ${code})" >&2
+    log_tail
+    exit 1
+  fi
+  echo "${container}: waiting for ${url}: HTTP ${code}, ${elapsed}s of ${timeout}s"
+  sleep "${interval}"
+done

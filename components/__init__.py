@@ -1,0 +1,1 @@
+"""kimipd: the Kimi-K3 prefill/decode cluster as Pulumi components."""

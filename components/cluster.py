@@ -1,0 +1,70 @@
+"""The whole deployment, in the runbook's order: nodes, mc-master -> prefill -> decode -> router."""
+
+from __future__ import annotations
+
+import pulumi
+
+from .config import ClusterConfig
+from .mooncake import MooncakeMaster
+from .node import Node
+from .render import router_url
+from .router import Router, SmokeTest
+from .serving import ServingGroup
+
+
+class Cluster(pulumi.ComponentResource):
+    """Every node prepared; with `serving`, every container started in order and smoke-tested."""
+
+    def __init__(self, name: str, cfg: ClusterConfig, private_key: pulumi.Input[str] | None,
+                 node_file_digests: dict[str, str],
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("kimipd:cluster:Cluster", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.nodes = {node.address: Node(cfg, node, private_key, opts=child) for node in cfg.nodes}
+        self.outputs: dict[str, object] = {
+            "mooncakeMaster": f"{cfg.mooncake_master.node}:{cfg.mooncake_master.rpc_port}",
+            "serving": cfg.serving,
+            "restartGeneration": cfg.restart_generation,
+            "groups": {
+                group_name: {
+                    "mode": group.mode,
+                    "endpoint": f"http://{group.rank0}:{group.http_port}",
+                    "bootstrapPort": group.bootstrap_port,
+                    "nodes": list(group.nodes),
+                }
+                for group_name, group in cfg.groups.items()
+            },
+            "nodes": {
+                address: {"roles": cfg.roles_of(address), "imageDigest": node.image_digest}
+                for address, node in self.nodes.items()
+            },
+            "nodeFiles": dict(sorted(node_file_digests.items())),
+        }
+        if cfg.serving:
+            self._serve(cfg, child)
+        self.register_outputs({})
+
+    def _serve(self, cfg: ClusterConfig, child: pulumi.ResourceOptions) -> None:
+        # Runbook rule 2: prefill registers its bootstrap server before decode starts; stop
+        # order is the reverse, which Pulumi derives from these same edges on destroy.
+        self.mooncake_master = MooncakeMaster(cfg, self.nodes, opts=child)
+        self.prefill = {
+            name: ServingGroup(name, cfg, self.nodes, wait_for=[self.mooncake_master.gate],
+                               opts=child)
+            for name in cfg.groups_in_mode("prefill")
+        }
+        prefill_gates = [group.gate for group in self.prefill.values()]
+        self.decode = {
+            name: ServingGroup(name, cfg, self.nodes, wait_for=prefill_gates, opts=child)
+            for name in cfg.groups_in_mode("decode")
+        }
+        decode_gates = [group.gate for group in self.decode.values()]
+        self.router = Router(cfg, self.nodes, wait_for=decode_gates, opts=child)
+        self.smoke_test = SmokeTest(
+            cfg, self.nodes[cfg.router.node], self.router,
+            [self.mooncake_master.gate, *prefill_gates, *decode_gates], opts=child)
+        self.outputs |= {
+            "routerUrl": router_url(cfg),
+            "generateUrl": router_url(cfg) + "/generate",
+            "smokeTest": self.smoke_test.text,
+        }

@@ -1,0 +1,78 @@
+"""One GPU host: its SSH connection, preflight, docker engine, image and prepared files."""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_command as command
+import pulumi_docker as docker
+
+from .assets import ASSETS_DIR, NodeAssets
+from .config import ClusterConfig, NodeSpec
+from .render import preflight_command
+
+
+def ssh_connection(cfg: ClusterConfig, node: NodeSpec,
+                   private_key: pulumi.Input[str] | None) -> command.remote.ConnectionArgsDict:
+    return {
+        "host": node.address,
+        "port": node.ssh_port,
+        "user": node.ssh_user,
+        # A Pulumi secret (or None: then the provider uses SSH_AUTH_SOCK's agent).
+        "private_key": private_key,
+        "host_key": node.host_key,
+        "dial_error_limit": cfg.connection.dial_error_limit,
+        "per_dial_timeout": cfg.connection.per_dial_timeout_seconds,
+    }
+
+
+class Node(pulumi.ComponentResource):
+    """A GPU host made ready to run containers: checked, files in place, image pulled."""
+
+    provider: docker.Provider
+    image_id: pulumi.Output[str]
+    image_digest: pulumi.Output[str]
+
+    def __init__(self, cfg: ClusterConfig, node: NodeSpec,
+                 private_key: pulumi.Input[str] | None,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        name = node.resource_name
+        super().__init__("kimipd:node:Node", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.address = node.address
+        self.connection = ssh_connection(cfg, node, private_key)
+
+        prepared: list[pulumi.Resource] = []
+        if cfg.preflight.enabled:
+            # The script travels on stdin: preflight changes nothing on the node, and an edit to
+            # the script shows in the diff and runs it again.
+            script = (ASSETS_DIR / "preflight.sh").read_text()
+            self.preflight = command.remote.Command(
+                f"{name}-preflight",
+                connection=self.connection,
+                create=f"{preflight_command(cfg, node.address)} <<'KIMIPD_PREFLIGHT'\n"
+                       f"{script}KIMIPD_PREFLIGHT",
+                opts=child,
+            )
+            prepared.append(self.preflight)
+        after_preflight = pulumi.ResourceOptions(parent=self, depends_on=prepared)
+
+        self.assets = NodeAssets(cfg, name, self.connection, opts=after_preflight)
+        self.provider = docker.Provider(
+            f"{name}-docker",
+            host=f"ssh://{node.ssh_user}@{node.address}:{node.ssh_port}",
+            ssh_opts=cfg.connection.docker_ssh_opts,
+            opts=child,
+        )
+        self.image = docker.RemoteImage(
+            f"{name}-image",
+            name=cfg.image,
+            # `pulumi destroy` must not delete a 100+ GB image that takes an hour to pull again.
+            keep_locally=True,
+            opts=pulumi.ResourceOptions.merge(
+                after_preflight, pulumi.ResourceOptions(provider=self.provider)),
+        )
+        self.image_id = self.image.image_id
+        self.image_digest = self.image.repo_digest
+        # What a container on this node waits for.
+        self.ready: list[pulumi.Resource] = [self.image, self.assets]
+        self.register_outputs({"imageId": self.image_id, "imageDigest": self.image_digest})

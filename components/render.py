@@ -1,0 +1,232 @@
+"""Pure renderers: the typed model in, the exact argv / environment / shell line out.
+
+Nothing here imports Pulumi. What these functions return is what `pulumi preview --diff` shows
+and what runs on a node, so a reviewer reads this file to see exactly what will run. Flags target
+SGLang 0.5.19 (`python/sglang/srt/server_args.py`) and sglang-router 0.3.2.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from .config import ClusterConfig, GroupSpec
+
+# Where the program's own scripts (assets/) land on every node, mounted read-only into containers.
+NODE_ASSET_DIR = "/opt/kimipd"
+LAUNCH_SCRIPT = f"{NODE_ASSET_DIR}/launch.sh"
+PREFLIGHT_SCRIPT = f"{NODE_ASSET_DIR}/preflight.sh"
+WAIT_HEALTHY_SCRIPT = f"{NODE_ASSET_DIR}/wait-healthy.sh"
+SMOKE_TEST_SCRIPT = f"{NODE_ASSET_DIR}/smoke-test.sh"
+NODE_SCRIPTS = ("launch.sh", "preflight.sh", "wait-healthy.sh", "smoke-test.sh")
+
+MOONCAKE_MASTER = "mooncake-master"
+ROUTER = "router"
+
+
+def rank_role(group_name: str, rank: int) -> str:
+    return f"{group_name}-r{rank}"
+
+
+def container_name(role: str) -> str:
+    return f"kimipd-{role}"
+
+
+def container_labels(cfg: ClusterConfig, role: str) -> dict[str, str]:
+    # The generation is a label so that bumping it changes an input that forces replacement.
+    return {
+        "kimipd.role": role,
+        "kimipd.restart-generation": str(cfg.restart_generation),
+    }
+
+
+# -- SGLang servers ----------------------------------------------------------------------------
+
+
+def sglang_launch_args(cfg: ClusterConfig, group_name: str, rank: int) -> list[str]:
+    """`python3 -m sglang.launch_server ...` for one rank; every rank differs only in --node-rank."""
+    group = cfg.groups[group_name]
+    args = ["python3", "-m", "sglang.launch_server", "--model-path", cfg.model.path]
+    if cfg.model.served_model_name:
+        args += ["--served-model-name", cfg.model.served_model_name]
+    args += [
+        "--trust-remote-code",
+        "--disaggregation-mode", group.mode,
+        "--disaggregation-transfer-backend", group.transfer_backend,
+        "--disaggregation-ib-device", ",".join(cfg.network.rdma_devices),
+        # The bootstrap port must match on all ranks: prefill ranks register with rank 0 on it.
+        "--disaggregation-bootstrap-port", str(group.bootstrap_port),
+        "--tp-size", str(group.tp_size),
+        "--ep-size", str(group.ep_size),
+        "--nnodes", str(len(group.nodes)),
+        "--node-rank", str(rank),
+        "--dist-init-addr", f"{group.rank0}:{group.dist_init_port}",
+        # The bootstrap server binds --host; 127.0.0.1 (SGLang's default) would hide it from decode.
+        "--host", "0.0.0.0",
+        "--port", str(group.http_port),
+    ]
+    return args + list(group.extra_args)
+
+
+def launch_wrapper(cfg: ClusterConfig) -> list[str]:
+    """assets/launch.sh: pip-install the node files' wheels, apply the patches, then exec."""
+    args = ["bash", LAUNCH_SCRIPT]
+    for node_file in cfg.node_files:
+        if node_file.is_wheel:
+            args += ["--wheel", node_file.destination]
+    for node_file in cfg.node_files:
+        if node_file.is_patch:
+            args += ["--patch", node_file.destination]
+    return args + ["--"]
+
+
+def sglang_command(cfg: ClusterConfig, group_name: str, rank: int) -> list[str]:
+    return launch_wrapper(cfg) + sglang_launch_args(cfg, group_name, rank)
+
+
+def network_env(cfg: ClusterConfig) -> dict[str, str]:
+    net = cfg.network
+    env = {
+        # Runbook rule 4: collective traffic on the compute network, never bond0.
+        "NCCL_SOCKET_IFNAME": net.nccl_interface,
+        "GLOO_SOCKET_IFNAME": net.gloo_interface,
+        "NCCL_IB_HCA": ",".join(net.rdma_devices),
+    }
+    if net.ib_gid_index is not None:
+        env["NCCL_IB_GID_INDEX"] = str(net.ib_gid_index)
+        env["MC_GID_INDEX"] = str(net.ib_gid_index)
+    return env
+
+
+def sglang_env(cfg: ClusterConfig, group_name: str, rank: int) -> dict[str, str]:
+    group = cfg.groups[group_name]
+    return {
+        # The address KV ZMQ sockets and the Mooncake engine advertise: this node's compute address.
+        "SGLANG_HOST_IP": group.nodes[rank],
+        **network_env(cfg),
+        **cfg.container.env,
+        **group.env,
+    }
+
+
+def health_url(group: GroupSpec) -> str:
+    return f"http://{group.rank0}:{group.http_port}/health"
+
+
+def group_endpoint(group: GroupSpec) -> str:
+    return f"http://{group.rank0}:{group.http_port}"
+
+
+# -- Mooncake master and router ----------------------------------------------------------------
+
+
+def mooncake_master_command(cfg: ClusterConfig) -> list[str]:
+    master = cfg.mooncake_master
+    # Through launch.sh too, so the master runs the same Mooncake as the servers' wheels.
+    return launch_wrapper(cfg) + [
+        "mooncake_master",
+        "--rpc_port", str(master.rpc_port),
+        "--rpc_address", master.node,
+        "--metrics_port", str(master.metrics_port),
+        *master.extra_args,
+    ]
+
+
+def mooncake_master_env(cfg: ClusterConfig) -> dict[str, str]:
+    return dict(cfg.container.env)
+
+
+def mooncake_master_health_url(cfg: ClusterConfig) -> str:
+    master = cfg.mooncake_master
+    return f"http://{master.node}:{master.metrics_port}/health"
+
+
+def router_command(cfg: ClusterConfig) -> list[str]:
+    router = cfg.router
+    args = ["python3", "-m", "sglang_router.launch_router", "--pd-disaggregation"]
+    if router.kind == "mini-lb":
+        args.append("--mini-lb")
+    else:
+        args += ["--policy", router.policy]
+    for group in cfg.groups_in_mode("prefill").values():
+        args += ["--prefill", group_endpoint(group), str(group.bootstrap_port)]
+    for group in cfg.groups_in_mode("decode").values():
+        args += ["--decode", group_endpoint(group)]
+    args += ["--host", router.host, "--port", str(router.port)]
+    return args + list(router.extra_args)
+
+
+def router_url(cfg: ClusterConfig) -> str:
+    return f"http://{cfg.router.node}:{cfg.router.port}"
+
+
+# -- commands run on the node over SSH ----------------------------------------------------------
+
+
+def _shell(argv: list[str]) -> str:
+    return " ".join(shlex.quote(arg) for arg in argv)
+
+
+def preflight_command(cfg: ClusterConfig, address: str) -> str:
+    node = cfg.node(address)
+    check = cfg.preflight
+    argv = [
+        "bash", PREFLIGHT_SCRIPT,
+        "--node", address,
+        "--gpus", str(node.gpus if check.check_gpus else 0),
+        "--max-gpu-memory-used-mib", str(check.max_gpu_memory_used_mib),
+        "--rdma-devices", ",".join(cfg.network.rdma_devices) if check.check_rdma else "",
+        "--compute-interface", cfg.network.compute_interface,
+        "--nvidia-runtime", "yes" if check.check_nvidia_runtime else "no",
+        "--disk-path", check.disk_path,
+        "--min-free-disk-gb", str(check.min_free_disk_gb),
+    ]
+    return _shell(argv)
+
+
+def wait_healthy_command(cfg: ClusterConfig, url: str, container: str) -> str:
+    return _shell([
+        "bash", WAIT_HEALTHY_SCRIPT,
+        "--url", url,
+        "--container", container,
+        "--timeout", str(cfg.gates.timeout_seconds),
+        "--interval", str(cfg.gates.interval_seconds),
+    ])
+
+
+def smoke_test_command(cfg: ClusterConfig) -> str:
+    return _shell([
+        "bash", SMOKE_TEST_SCRIPT,
+        "--url", router_url(cfg) + "/generate",
+        "--body", json.dumps(cfg.smoke_test.body, sort_keys=True),
+        "--timeout", str(cfg.smoke_test.timeout_seconds),
+    ])
+
+
+def prepare_dirs_command(cfg: ClusterConfig) -> str:
+    dirs = sorted({NODE_ASSET_DIR} | {f.destination.rsplit("/", 1)[0] or "/" for f in cfg.node_files})
+    return _shell(["mkdir", "-p", *dirs])
+
+
+def smoke_test_text(stdout: str) -> str:
+    """The generated text from the smoke test's JSON response (what the stack output shows)."""
+    response = json.loads(stdout)
+    text = response.get("text") if isinstance(response, dict) else None
+    if not isinstance(text, str):
+        raise ValueError(f"router answered without a 'text' field: {stdout[:500]}")
+    return text
+
+
+# -- docker settings shared by every container ---------------------------------------------------
+
+
+def container_mounts(cfg: ClusterConfig) -> list[tuple[str, str, bool]]:
+    """(host path, container path, read-only) for a container; node files at the same path."""
+    mounts = [(NODE_ASSET_DIR, NODE_ASSET_DIR, True)]
+    mounts += [(f.destination, f.destination, True) for f in cfg.node_files]
+    mounts += [(v.host_path, v.container_path, v.read_only) for v in cfg.container.volumes]
+    return mounts
+
+
+def env_list(env: dict[str, str]) -> list[str]:
+    return [f"{key}={value}" for key, value in sorted(env.items())]

@@ -1,0 +1,36 @@
+"""A multi-node SGLang server: every rank of one prefill or decode group, and its gate."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import pulumi
+
+from .config import ClusterConfig
+from .containers import node_container
+from .gates import HealthGate
+from .node import Node
+from .render import group_endpoint, health_url, rank_role, sglang_command, sglang_env
+
+
+class ServingGroup(pulumi.ComponentResource):
+    """One container per rank; ready when rank 0 (the only rank serving HTTP) answers /health."""
+
+    endpoint: pulumi.Output[str]
+
+    def __init__(self, name: str, cfg: ClusterConfig, nodes: Mapping[str, Node],
+                 wait_for: Sequence[pulumi.Resource],
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("kimipd:serving:ServingGroup", name, None, opts)
+        group = cfg.groups[name]
+        self.containers = [
+            node_container(cfg, rank_role(name, rank), nodes[address],
+                           sglang_command(cfg, name, rank), sglang_env(cfg, name, rank),
+                           gpu_workload=True, depends_on=wait_for, parent=self)
+            for rank, address in enumerate(group.nodes)
+        ]
+        self.gate = HealthGate(f"{name}-ready", cfg, nodes[group.rank0], health_url(group),
+                               self.containers[0], opts=pulumi.ResourceOptions(
+                                   parent=self, depends_on=self.containers[1:]))
+        self.endpoint = pulumi.Output.from_input(group_endpoint(group))
+        self.register_outputs({"endpoint": self.endpoint})

@@ -1,0 +1,160 @@
+"""The renderers: the exact argv and environment each process of pro6000 gets."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from components.config import load_cluster_config
+from components.render import (
+    container_labels,
+    container_mounts,
+    mooncake_master_command,
+    preflight_command,
+    router_command,
+    sglang_command,
+    sglang_env,
+    smoke_test_command,
+    smoke_test_text,
+    wait_healthy_command,
+)
+
+WRAPPER = [
+    "bash", "/opt/kimipd/launch.sh",
+    "--wheel", "/tmp/flash_kda-0.0.1-cp312-cp312-linux_x86_64.whl",
+    "--wheel", "/data/flashkda_deploy/wheels/"
+               "mooncake_transfer_engine_cuda13-0.3.12.post1-cp312-cp312-manylinux_2_28_x86_64.whl",
+    "--patch", "/tmp/patch_k3_sm120.py",
+    "--",
+]
+
+
+def expected_sglang(mode: str, rank0: str, rank: int, extra: list[str]) -> list[str]:
+    return WRAPPER + [
+        "python3", "-m", "sglang.launch_server",
+        "--model-path", "/data/models/Kimi-K3",
+        "--served-model-name", "kimi-k3",
+        "--trust-remote-code",
+        "--disaggregation-mode", mode,
+        "--disaggregation-transfer-backend", "mooncake",
+        "--disaggregation-ib-device", "mlx5_0,mlx5_1,mlx5_2,mlx5_3",
+        "--disaggregation-bootstrap-port", "8998",
+        "--tp-size", "32",
+        "--ep-size", "32",
+        "--nnodes", "4",
+        "--node-rank", str(rank),
+        "--dist-init-addr", f"{rank0}:20000",
+        "--host", "0.0.0.0",
+        "--port", "30000",
+        *extra,
+    ]
+
+
+@pytest.mark.parametrize("rank", range(4))
+def test_prefill_rank_argv(pro6000: dict, rank: int) -> None:
+    config = load_cluster_config(pro6000)
+    assert sglang_command(config, "prefill", rank) == expected_sglang(
+        "prefill", "174.1.60.1", rank, ["--mem-fraction-static", "0.85",
+                                        "--chunked-prefill-size", "16384"])
+
+
+@pytest.mark.parametrize("rank", range(4))
+def test_decode_rank_argv(pro6000: dict, rank: int) -> None:
+    config = load_cluster_config(pro6000)
+    assert sglang_command(config, "decode", rank) == expected_sglang(
+        "decode", "174.1.60.5", rank, ["--mem-fraction-static", "0.85",
+                                       "--max-running-requests", "64"])
+
+
+@pytest.mark.parametrize("group, rank, address", [
+    ("prefill", 0, "174.1.60.1"), ("prefill", 3, "174.1.60.4"),
+    ("decode", 0, "174.1.60.5"), ("decode", 3, "174.1.60.8")])
+def test_rank_env(pro6000: dict, group: str, rank: int, address: str) -> None:
+    assert sglang_env(load_cluster_config(pro6000), group, rank) == {
+        "SGLANG_HOST_IP": address,
+        "NCCL_SOCKET_IFNAME": "bond1",
+        "GLOO_SOCKET_IFNAME": "bond1",
+        "NCCL_IB_HCA": "mlx5_0,mlx5_1,mlx5_2,mlx5_3",
+    }
+
+
+def test_group_env_and_gid_index_reach_the_rank(pro6000: dict) -> None:
+    pro6000["network"]["ibGidIndex"] = 3
+    pro6000["groups"]["decode"]["env"] = {"SGLANG_LOG_LEVEL": "debug"}
+    env = sglang_env(load_cluster_config(pro6000), "decode", 1)
+    assert env["NCCL_IB_GID_INDEX"] == env["MC_GID_INDEX"] == "3"
+    assert env["SGLANG_LOG_LEVEL"] == "debug" and env["SGLANG_HOST_IP"] == "174.1.60.6"
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in env
+
+
+def test_mooncake_master_argv(pro6000: dict) -> None:
+    assert mooncake_master_command(load_cluster_config(pro6000)) == WRAPPER + [
+        "mooncake_master", "--rpc_port", "50051", "--rpc_address", "174.1.60.1",
+        "--metrics_port", "9003"]
+
+
+def test_minilb_router_argv(pro6000: dict) -> None:
+    assert router_command(load_cluster_config(pro6000)) == [
+        "python3", "-m", "sglang_router.launch_router", "--pd-disaggregation", "--mini-lb",
+        "--prefill", "http://174.1.60.1:30000", "8998",
+        "--decode", "http://174.1.60.5:30000",
+        "--host", "0.0.0.0", "--port", "31000"]
+
+
+def test_rust_router_argv_has_its_policy(pro6000: dict) -> None:
+    pro6000["router"] |= {"kind": "rust", "policy": "round_robin"}
+    argv = router_command(load_cluster_config(pro6000))
+    assert "--mini-lb" not in argv
+    assert argv[4:6] == ["--policy", "round_robin"]
+
+
+def test_labels_carry_role_and_generation(pro6000: dict) -> None:
+    pro6000["restartGeneration"] = 7
+    assert container_labels(load_cluster_config(pro6000), "decode-r2") == {
+        "kimipd.role": "decode-r2", "kimipd.restart-generation": "7"}
+
+
+def test_mounts_scripts_node_files_and_volumes(pro6000: dict) -> None:
+    mounts = container_mounts(load_cluster_config(pro6000))
+    assert mounts[0] == ("/opt/kimipd", "/opt/kimipd", True)
+    assert ("/tmp/patch_k3_sm120.py", "/tmp/patch_k3_sm120.py", True) in mounts
+    assert mounts[-1] == ("/data/models", "/data/models", True)
+
+
+def test_preflight_line(pro6000: dict) -> None:
+    argv = shlex.split(preflight_command(load_cluster_config(pro6000), "174.1.60.3"))
+    assert argv == ["bash", "/opt/kimipd/preflight.sh", "--node", "174.1.60.3", "--gpus", "8",
+                    "--max-gpu-memory-used-mib", "0",
+                    "--rdma-devices", "mlx5_0,mlx5_1,mlx5_2,mlx5_3",
+                    "--compute-interface", "bond1", "--nvidia-runtime", "yes",
+                    "--disk-path", "/var/lib/docker", "--min-free-disk-gb", "200"]
+
+
+def test_preflight_checks_can_be_turned_off(pro6000: dict) -> None:
+    pro6000["preflight"] |= {"checkGpus": False, "checkRdma": False}
+    argv = shlex.split(preflight_command(load_cluster_config(pro6000), "174.1.60.3"))
+    assert argv[argv.index("--gpus") + 1] == "0"
+    assert argv[argv.index("--rdma-devices") + 1] == ""
+
+
+def test_gate_line(pro6000: dict) -> None:
+    argv = shlex.split(wait_healthy_command(load_cluster_config(pro6000),
+                                            "http://174.1.60.5:30000/health", "kimipd-decode-r0"))
+    assert argv == ["bash", "/opt/kimipd/wait-healthy.sh", "--url",
+                    "http://174.1.60.5:30000/health", "--container", "kimipd-decode-r0",
+                    "--timeout", "1800", "--interval", "10"]
+
+
+def test_smoke_test_posts_the_runbook_body(pro6000: dict) -> None:
+    argv = shlex.split(smoke_test_command(load_cluster_config(pro6000)))
+    assert argv[argv.index("--url") + 1] == "http://174.1.60.5:31000/generate"
+    assert json.loads(argv[argv.index("--body") + 1]) == {
+        "text": "Hello", "sampling_params": {"max_new_tokens": 16}}
+
+
+def test_smoke_test_text() -> None:
+    assert smoke_test_text('{"text": " world", "meta_info": {}}') == " world"
+    with pytest.raises(ValueError, match="without a 'text' field"):
+        smoke_test_text('{"error": "Failed to send kv chunk"}')
