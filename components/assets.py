@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from pathlib import Path
 
 import pulumi
@@ -54,13 +55,15 @@ class NodeAssets(pulumi.ComponentResource):
 
     def __init__(self, cfg: ClusterConfig, node_name: str,
                  connection: command.remote.ConnectionArgsDict,
+                 wait_for: Sequence[pulumi.Resource],
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("kimipd:assets:NodeAssets", f"{node_name}-assets", None, opts)
+        # Children do not inherit a component's depends_on, so the first write waits explicitly.
         directories = command.remote.Command(
             f"{node_name}-dirs",
             connection=connection,
             create=prepare_dirs_command(cfg),
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(wait_for)),
         )
         after_dirs = pulumi.ResourceOptions(parent=self, depends_on=[directories])
         copies = [

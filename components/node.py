@@ -43,20 +43,17 @@ class Node(pulumi.ComponentResource):
 
         prepared: list[pulumi.Resource] = []
         if cfg.preflight.enabled:
-            # The script travels on stdin: preflight changes nothing on the node, and an edit to
-            # the script shows in the diff and runs it again.
-            script = (ASSETS_DIR / "preflight.sh").read_text()
             self.preflight = command.remote.Command(
                 f"{name}-preflight",
                 connection=self.connection,
-                create=f"{preflight_command(cfg, node.address)} <<'KIMIPD_PREFLIGHT'\n"
-                       f"{script}KIMIPD_PREFLIGHT",
+                create=preflight_command(cfg, node.address,
+                                         (ASSETS_DIR / "preflight.sh").read_text()),
                 opts=child,
             )
             prepared.append(self.preflight)
         after_preflight = pulumi.ResourceOptions(parent=self, depends_on=prepared)
 
-        self.assets = NodeAssets(cfg, name, self.connection, opts=after_preflight)
+        self.assets = NodeAssets(cfg, name, self.connection, wait_for=prepared, opts=child)
         self.provider = docker.Provider(
             f"{name}-docker",
             host=f"ssh://{node.ssh_user}@{node.address}:{node.ssh_port}",

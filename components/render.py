@@ -15,10 +15,10 @@ from .config import ClusterConfig, GroupSpec
 # Where the program's own scripts (assets/) land on every node, mounted read-only into containers.
 NODE_ASSET_DIR = "/opt/kimipd"
 LAUNCH_SCRIPT = f"{NODE_ASSET_DIR}/launch.sh"
-PREFLIGHT_SCRIPT = f"{NODE_ASSET_DIR}/preflight.sh"
 WAIT_HEALTHY_SCRIPT = f"{NODE_ASSET_DIR}/wait-healthy.sh"
 SMOKE_TEST_SCRIPT = f"{NODE_ASSET_DIR}/smoke-test.sh"
-NODE_SCRIPTS = ("launch.sh", "preflight.sh", "wait-healthy.sh", "smoke-test.sh")
+# preflight.sh is not among them: it runs from stdin before anything is written to the node.
+NODE_SCRIPTS = ("launch.sh", "wait-healthy.sh", "smoke-test.sh")
 
 MOONCAKE_MASTER = "mooncake-master"
 ROUTER = "router"
@@ -167,11 +167,13 @@ def _shell(argv: list[str]) -> str:
     return " ".join(shlex.quote(arg) for arg in argv)
 
 
-def preflight_command(cfg: ClusterConfig, address: str) -> str:
+def preflight_command(cfg: ClusterConfig, address: str, script: str) -> str:
+    """assets/preflight.sh fed on stdin: it writes nothing to the node, and an edit to it shows
+    in the diff and runs it again."""
     node = cfg.node(address)
     check = cfg.preflight
     argv = [
-        "bash", PREFLIGHT_SCRIPT,
+        "bash", "-s", "--",
         "--node", address,
         "--gpus", str(node.gpus if check.check_gpus else 0),
         "--max-gpu-memory-used-mib", str(check.max_gpu_memory_used_mib),
@@ -181,7 +183,7 @@ def preflight_command(cfg: ClusterConfig, address: str) -> str:
         "--disk-path", check.disk_path,
         "--min-free-disk-gb", str(check.min_free_disk_gb),
     ]
-    return _shell(argv)
+    return f"{_shell(argv)} <<'KIMIPD_PREFLIGHT'\n{script}KIMIPD_PREFLIGHT"
 
 
 def wait_healthy_command(cfg: ClusterConfig, url: str, container: str) -> str:

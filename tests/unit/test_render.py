@@ -123,9 +123,15 @@ def test_mounts_scripts_node_files_and_volumes(pro6000: dict) -> None:
     assert mounts[-1] == ("/data/models", "/data/models", True)
 
 
+def preflight_argv(config, address: str) -> list[str]:
+    line, heredoc = preflight_command(config, address, "echo checks\n").split(" <<", 1)
+    assert heredoc == "'KIMIPD_PREFLIGHT'\necho checks\nKIMIPD_PREFLIGHT"
+    return shlex.split(line)
+
+
 def test_preflight_line(pro6000: dict) -> None:
-    argv = shlex.split(preflight_command(load_cluster_config(pro6000), "174.1.60.3"))
-    assert argv == ["bash", "/opt/kimipd/preflight.sh", "--node", "174.1.60.3", "--gpus", "8",
+    argv = preflight_argv(load_cluster_config(pro6000), "174.1.60.3")
+    assert argv == ["bash", "-s", "--", "--node", "174.1.60.3", "--gpus", "8",
                     "--max-gpu-memory-used-mib", "0",
                     "--rdma-devices", "mlx5_0,mlx5_1,mlx5_2,mlx5_3",
                     "--compute-interface", "bond1", "--nvidia-runtime", "yes",
@@ -134,7 +140,7 @@ def test_preflight_line(pro6000: dict) -> None:
 
 def test_preflight_checks_can_be_turned_off(pro6000: dict) -> None:
     pro6000["preflight"] |= {"checkGpus": False, "checkRdma": False}
-    argv = shlex.split(preflight_command(load_cluster_config(pro6000), "174.1.60.3"))
+    argv = preflight_argv(load_cluster_config(pro6000), "174.1.60.3")
     assert argv[argv.index("--gpus") + 1] == "0"
     assert argv[argv.index("--rdma-devices") + 1] == ""
 

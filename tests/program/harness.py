@@ -1,0 +1,139 @@
+"""Runs the real `__main__.py` under Pulumi's mocks and records every registration."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import runpy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+from google.protobuf import json_format
+from pulumi.runtime import mocks, rpc
+from pulumi.runtime.config import set_all_config
+
+from tests.conftest import REPO
+
+SIG_KEY, SECRET_SIG = rpc._special_sig_key, rpc._special_secret_sig  # pylint: disable=protected-access
+PRIVATE_KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nTEST-KEY-NOT-REAL\n-----END OPENSSH PRIVATE KEY-----"
+
+
+@dataclass
+class Registration:
+    type: str
+    name: str
+    urn: str
+    parent: str
+    dependencies: list[str]
+    provider: str
+    inputs: dict[str, Any]
+    raw_inputs: dict[str, Any]
+
+
+@dataclass
+class Run:
+    resources: list[Registration] = field(default_factory=list)
+    stack_outputs: dict[str, Any] = field(default_factory=dict)
+    stack_outputs_secret: bool = False
+
+    def of_type(self, type_: str) -> list[Registration]:
+        return [r for r in self.resources if r.type == type_]
+
+    def named(self, name: str) -> Registration:
+        matches = [r for r in self.resources if r.name == name]
+        assert len(matches) == 1, f"expected one resource named {name!r}, found {len(matches)}"
+        return matches[0]
+
+    def by_urn(self, urn: str) -> Registration:
+        return next(r for r in self.resources if r.urn == urn)
+
+    def children(self, parent: Registration) -> list[Registration]:
+        return [r for r in self.resources if r.parent == parent.urn]
+
+    def descendants(self, root: Registration) -> list[Registration]:
+        found, frontier = [], [root]
+        while frontier:
+            for child in self.children(frontier.pop()):
+                found.append(child)
+                frontier.append(child)
+        return found
+
+    def waits_for(self, later: Registration, earlier: Registration) -> bool:
+        """Some part of `later` lists `earlier` (or, for a component, a part of it) as a dependency."""
+        targets = {r.urn for r in [earlier, *self.descendants(earlier)]}
+        dependencies = {d for r in [later, *self.descendants(later)] for d in r.dependencies}
+        return bool(targets & dependencies)
+
+    def containers(self) -> dict[str, Registration]:
+        return {r.name: r for r in self.of_type("docker:index/container:Container")}
+
+
+class ClusterMocks(pulumi.runtime.Mocks):
+    """Provider answers shaped like the real ones: image ids, digests, a router answer."""
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+        state = dict(args.inputs)
+        if args.typ == "docker:index/remoteImage:RemoteImage":
+            digest = hashlib.sha256(args.inputs["name"].encode()).hexdigest()
+            state |= {"imageId": f"sha256:{digest}", "repoDigest": f"{args.inputs['name']}@sha256:{digest}"}
+        if args.typ == "command:remote:Command" and args.name == "smoke-test-generate":
+            state["stdout"] = json.dumps({"text": " from the decode server", "meta_info": {}})
+        return f"{args.name}-id", state
+
+    def call(self, args: pulumi.runtime.MockCallArgs):
+        return {}
+
+
+class RecordingMonitor(mocks.MockMonitor):
+    def __init__(self, run: Run) -> None:
+        super().__init__(ClusterMocks())
+        self.run = run
+
+    def RegisterResource(self, request):  # noqa: N802 (gRPC name)
+        response = super().RegisterResource(request)
+        if request.type != "pulumi:pulumi:Stack":
+            self.run.resources.append(Registration(
+                type=request.type, name=request.name, urn=response.urn, parent=request.parent,
+                dependencies=list(request.dependencies), provider=request.provider,
+                inputs=self.resources[response.urn].state if response.urn in self.resources else {},
+                raw_inputs=json_format.MessageToDict(request.object)))
+        return response
+
+
+def with_local_node_files(values: dict, directory: Path) -> dict:
+    """Point nodeFiles' sources at small files made for the test (destinations unchanged)."""
+    for node_file in values.get("nodeFiles", []):
+        source = directory / Path(node_file["destination"]).name
+        source.write_bytes(b"content of " + source.name.encode())
+        node_file["source"] = str(source)
+    return values
+
+
+def run_program(values: dict[str, Any], *, private_key: str | None = PRIVATE_KEY) -> Run:
+    """Run __main__.py with these `kimipd:*` values, as `pulumi up` would (not a preview)."""
+    run = Run()
+    config = {f"kimipd:{key}": value if isinstance(value, str) else json.dumps(value)
+              for key, value in values.items()}
+    secret_keys = []
+    if private_key is not None:
+        config["kimipd:sshPrivateKey"] = private_key
+        secret_keys.append("kimipd:sshPrivateKey")
+    set_all_config(config, secret_keys)
+    pulumi.runtime.set_mocks(ClusterMocks(), project="kimipd", stack="test", preview=False,
+                             monitor=RecordingMonitor(run))
+
+    @pulumi.runtime.test
+    def program():
+        module = runpy.run_path(str(REPO / "__main__.py"), run_name="__main__")
+        # What `pulumi.export` received, resolved.
+        exported = pulumi.Output.from_input(module["cluster"].outputs)
+
+        def record(values: tuple[dict, bool]) -> None:
+            run.stack_outputs, run.stack_outputs_secret = values
+
+        return pulumi.Output.all(exported, exported.is_secret()).apply(record)
+
+    program()
+    return run

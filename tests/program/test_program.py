@@ -1,0 +1,176 @@
+"""The whole program under Pulumi's mocks: the resource graph, its edges, what each container gets."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import stack_values
+from tests.program.harness import PRIVATE_KEY, SECRET_SIG, SIG_KEY, Run, run_program, with_local_node_files
+
+pytestmark = pytest.mark.timeout(120)  # the SDK's threads can hang under mocks (pulumi#7663)
+
+PREFILL = [f"174.1.60.{i}" for i in range(1, 5)]
+DECODE = [f"174.1.60.{i}" for i in range(5, 9)]
+CONTAINER = "docker:index/container:Container"
+
+
+@pytest.fixture
+def values(tmp_path: Path) -> dict:
+    return with_local_node_files(stack_values("pro6000"), tmp_path)
+
+
+@pytest.fixture
+def run(values: dict) -> Run:
+    return run_program(values)
+
+
+def node_rank(container) -> str:
+    command = container.inputs["command"]
+    return command[command.index("--node-rank") + 1]
+
+
+def test_one_node_component_per_host(run: Run) -> None:
+    nodes = run.of_type("kimipd:node:Node")
+    assert sorted(n.name for n in nodes) == [f"node-174-1-60-{i}" for i in range(1, 9)]
+
+
+def test_each_node_has_its_own_docker_provider_over_ssh(run: Run) -> None:
+    providers = {p.name: p.inputs["host"] for p in run.of_type("pulumi:providers:docker")}
+    assert providers == {f"node-174-1-60-{i}-docker": f"ssh://root@174.1.60.{i}:22"
+                         for i in range(1, 9)}
+
+
+def test_images_are_kept_on_destroy(run: Run) -> None:
+    images = run.of_type("docker:index/remoteImage:RemoteImage")
+    assert len(images) == 8
+    assert all(i.inputs["keepLocally"] is True for i in images)
+    assert {i.inputs["name"] for i in images} == {"lmsysorg/sglang:kimi-k3"}
+
+
+@pytest.mark.parametrize("group, addresses", [("prefill", PREFILL), ("decode", DECODE)])
+def test_each_rank_runs_on_its_node_with_its_rank(run: Run, group: str, addresses: list[str]) -> None:
+    containers = run.containers()
+    for rank, address in enumerate(addresses):
+        container = containers[f"{group}-r{rank}"]
+        provider_name = container.provider.split("::")[-1].split("::")[0]
+        assert f"node-{address.replace('.', '-')}-docker" in provider_name, (
+            f"{group} rank {rank} is not on {address}: provider {container.provider}")
+        assert node_rank(container) == str(rank), f"{group} rank {rank} got --node-rank {node_rank(container)}"
+        assert container.inputs["networkMode"] == "host" and container.inputs["ipcMode"] == "host"
+        assert container.inputs["restart"] == "no"
+        assert f"SGLANG_HOST_IP={address}" in container.inputs["envs"]
+
+
+def test_mooncake_master_and_router_are_on_their_nodes(run: Run) -> None:
+    containers = run.containers()
+    assert "node-174-1-60-1-docker" in containers["mooncake-master"].provider
+    assert "node-174-1-60-5-docker" in containers["router"].provider
+    assert "gpus" not in containers["router"].inputs  # the router needs no GPU
+
+
+def test_dependency_chain_follows_the_runbook(run: Run) -> None:
+    containers = run.containers()
+    gate = {name: run.named(f"{name}-ready") for name in
+            ("mooncake-master", "prefill", "decode", "router")}
+    smoke = run.named("smoke-test-generate")
+    assert run.waits_for(gate["mooncake-master"], containers["mooncake-master"])
+    for rank in range(4):
+        assert run.waits_for(containers[f"prefill-r{rank}"], gate["mooncake-master"]), rank
+        assert run.waits_for(gate["prefill"], containers[f"prefill-r{rank}"]), rank
+        assert run.waits_for(containers[f"decode-r{rank}"], gate["prefill"]), rank
+        assert run.waits_for(gate["decode"], containers[f"decode-r{rank}"]), rank
+        assert not run.waits_for(containers[f"prefill-r{rank}"], gate["decode"])
+    assert run.waits_for(containers["router"], gate["decode"])
+    assert run.waits_for(gate["router"], containers["router"])
+    assert run.waits_for(smoke, gate["router"])
+
+
+def test_gates_rerun_only_when_their_container_is_replaced(run: Run) -> None:
+    check = run.named("decode-ready-check")
+    assert check.inputs["triggers"] == ["decode-r0-id"]
+    assert "/opt/kimipd/wait-healthy.sh" in check.inputs["create"]
+    assert "http://174.1.60.5:30000/health" in check.inputs["create"]
+
+
+def test_containers_wait_for_their_node_to_be_prepared(run: Run) -> None:
+    container = run.containers()["decode-r2"]
+    for name in ("node-174-1-60-7-image", "node-174-1-60-7-assets"):
+        assert run.waits_for(container, run.named(name)), name
+    assert run.waits_for(run.named("node-174-1-60-7-image"), run.named("node-174-1-60-7-preflight"))
+    assert run.waits_for(run.named("node-174-1-60-7-dirs"), run.named("node-174-1-60-7-preflight"))
+
+
+def test_smoke_test_answer_is_an_output(run: Run) -> None:
+    assert run.stack_outputs["smokeTest"] == " from the decode server"
+    assert run.stack_outputs["routerUrl"] == "http://174.1.60.5:31000"
+    assert run.stack_outputs["generateUrl"] == "http://174.1.60.5:31000/generate"
+    assert run.stack_outputs["groups"]["prefill"] == {
+        "mode": "prefill", "endpoint": "http://174.1.60.1:30000", "bootstrapPort": 8998,
+        "nodes": PREFILL}
+    assert run.stack_outputs["nodes"]["174.1.60.5"]["roles"] == ["decode-r0", "router"]
+    assert run.stack_outputs["nodes"]["174.1.60.5"]["imageDigest"].startswith(
+        "lmsysorg/sglang:kimi-k3@sha256:")
+    assert len(run.stack_outputs["nodeFiles"]) == 3
+
+
+def test_ssh_key_is_a_secret_and_never_an_output(run: Run) -> None:
+    assert not run.stack_outputs_secret
+    assert PRIVATE_KEY not in json.dumps(run.stack_outputs)
+    commands = run.of_type("command:remote:Command") + run.of_type("command:remote:CopyToRemote")
+    assert commands
+    for resource in commands:
+        connection = resource.raw_inputs["connection"]
+        # The whole connection travels as a secret value, key included.
+        assert connection.get(SIG_KEY) == SECRET_SIG, resource.name
+        assert PRIVATE_KEY not in json.dumps(resource.inputs.get("create", ""))
+    for resource in run.of_type(CONTAINER) + run.of_type("pulumi:providers:docker"):
+        assert "PRIVATE KEY" not in json.dumps(resource.raw_inputs), resource.name
+
+
+def test_serving_false_keeps_node_prep_and_removes_every_container(values: dict) -> None:
+    run = run_program({**values, "serving": False})
+    assert run.of_type(CONTAINER) == []
+    assert run.of_type("kimipd:gates:HealthGate") == []
+    assert len(run.of_type("docker:index/remoteImage:RemoteImage")) == 8
+    assert len(run.of_type("kimipd:assets:NodeAssets")) == 8
+    assert "smokeTest" not in run.stack_outputs and run.stack_outputs["serving"] is False
+
+
+def test_restart_generation_changes_every_container(values: dict, run: Run) -> None:
+    bumped = run_program({**values, "restartGeneration": 1}).containers()
+    before = run.containers()
+    assert bumped.keys() == before.keys() and len(before) == 10
+    for name, container in before.items():
+        assert container.inputs != bumped[name].inputs, f"{name} would not be replaced"
+        assert container.inputs["labels"] != bumped[name].inputs["labels"]
+
+
+def test_decode_only_change_leaves_every_prefill_input_alone(values: dict, run: Run) -> None:
+    changed = copy.deepcopy(values)
+    changed["groups"]["decode"]["extraArgs"] = ["--max-running-requests", "128"]
+    changed["groups"]["decode"]["env"] = {"SGLANG_LOG_LEVEL": "debug"}
+    after = run_program(changed)
+    for resource in run.resources:
+        if resource.name.startswith(("prefill", "mooncake-master", "node-")):
+            assert resource.raw_inputs == after.by_urn(resource.urn).raw_inputs, (
+                f"{resource.name} changed on a decode-only edit")
+    for rank in range(4):
+        assert run.containers()[f"decode-r{rank}"].inputs != after.containers()[f"decode-r{rank}"].inputs
+
+
+def test_bad_config_registers_nothing(values: dict) -> None:
+    values["groups"]["decode"]["env"] = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    with pytest.raises(Exception) as error:
+        run_program(values)
+    assert "groups.decode.env.PYTORCH_CUDA_ALLOC_CONF" in str(error.value)
+
+
+def test_missing_node_file_registers_nothing(values: dict, tmp_path: Path) -> None:
+    values["nodeFiles"][0]["source"] = str(tmp_path / "gone.py")
+    with pytest.raises(Exception) as error:
+        run_program(values)
+    assert "nodeFiles[0].source" in str(error.value) and "does not exist" in str(error.value)
