@@ -1,0 +1,505 @@
+"""Tests of the SGLang stand-in (loopback only; every process a test starts, it stops).
+
+Run:  python -m pytest sim/standin/tests -q
+The router tests need `pip install sglang-router==0.3.2`; they are skipped (with a reason) only
+when `sglang_router` cannot be imported.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+import pytest
+
+STANDIN_DIR = Path(__file__).resolve().parents[1]
+if str(STANDIN_DIR) not in sys.path:
+    sys.path.insert(0, str(STANDIN_DIR))
+
+from sglang_standin.server import READY_BANNER, generate_words  # noqa: E402
+
+HOST = "127.0.0.1"
+LOAD_SECONDS = "0.5"
+HAVE_ROUTER = importlib.util.find_spec("sglang_router") is not None
+needs_router = pytest.mark.skipif(
+    not HAVE_ROUTER,
+    reason="sglang_router is not importable: pip install sglang-router==0.3.2 to run the real-router tests",
+)
+
+
+# ------------------------------------------------------------------------------------------------
+# helpers
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def http(method: str, url: str, body=None, timeout: float = 10.0) -> Tuple[int, str]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except (urllib.error.URLError, OSError) as e:
+        return -1, str(e)
+
+
+def get_json(url: str) -> Dict:
+    code, text = http("GET", url)
+    assert code == 200, (url, code, text)
+    return json.loads(text)
+
+
+def wait_for(pred, timeout: float, what: str, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = pred()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last={last!r})")
+
+
+class Proc:
+    def __init__(self, name: str, popen: subprocess.Popen, log: Path):
+        self.name, self.popen, self.log = name, popen, log
+
+    def output(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+
+class Launcher:
+    """Starts processes with logs in tmp_path; stops each one it started at teardown."""
+
+    def __init__(self, tmp_path: Path):
+        self.tmp = tmp_path
+        self.procs: List[Proc] = []
+        self.model_dir = tmp_path / "model"  # an existing local dir: see router_env()
+        self.model_dir.mkdir(exist_ok=True)
+
+    def start(self, name: str, argv: List[str], env: Optional[Dict[str, str]] = None) -> Proc:
+        full_env = dict(os.environ)
+        full_env["PYTHONPATH"] = os.pathsep.join(
+            [str(STANDIN_DIR)] + ([full_env["PYTHONPATH"]] if full_env.get("PYTHONPATH") else [])
+        )
+        full_env["PYTHONUNBUFFERED"] = "1"
+        full_env.update(env or {})
+        log = self.tmp / f"{name}.log"
+        fh = open(log, "wb")
+        p = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             env=full_env, cwd=str(self.tmp))
+        fh.close()
+        proc = Proc(name, p, log)
+        self.procs.append(proc)
+        return proc
+
+    def server(self, name: str, flags: List[str], env: Optional[Dict[str, str]] = None) -> Proc:
+        e = {"SGLANG_STANDIN_LOAD_SECONDS": LOAD_SECONDS}
+        e.update(env or {})
+        return self.start(name, [sys.executable, "-m", "sglang.launch_server"] + flags, e)
+
+    def group(self, name: str, mode: str, nnodes: int = 2, env: Optional[Dict[str, str]] = None,
+              start_ranks: Optional[List[int]] = None):
+        """Start an nnodes group; all ranks get the same flags except --node-rank."""
+        port, dist, boot = free_port(), free_port(), free_port()
+        flags = [
+            "--model-path", str(self.model_dir), "--trust-remote-code",
+            "--tp-size", str(8 * nnodes), "--ep-size", str(8 * nnodes),
+            "--nnodes", str(nnodes), "--dist-init-addr", f"{HOST}:{dist}",
+            "--host", HOST, "--port", str(port),
+            "--disaggregation-mode", mode, "--disaggregation-transfer-backend", "mooncake",
+            "--disaggregation-bootstrap-port", str(boot),
+            "--disaggregation-ib-device", "mlx5_0,mlx5_1",
+            "--mem-fraction-static", "0.85", "--chunked-prefill-size", "8192",
+            "--max-running-requests", "128", "--context-length", "131072", "--page-size", "64",
+            "--watchdog-timeout", "1000000", "--cuda-graph-bs", "1", "2", "4",
+            "--moe-a2a-backend", "deepep", "--enable-dp-attention", "--dp-size", str(8 * nnodes),
+            "--disable-radix-cache", "--skip-server-warmup", "--enable-metrics",
+        ]
+        ranks = range(nnodes) if start_ranks is None else start_ranks
+        procs = {r: self.server(f"{name}{r}", flags + ["--node-rank", str(r)], env) for r in ranks}
+        g = {"port": port, "dist": dist, "boot": boot, "flags": flags, "procs": procs,
+             "url": f"http://{HOST}:{port}", "name": name}
+        return g
+
+    def stop_all(self):
+        for p in self.procs:
+            if p.alive():
+                p.popen.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for p in self.procs:
+            try:
+                p.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.popen.kill()
+                p.popen.wait(timeout=5)
+
+
+@pytest.fixture
+def launcher(tmp_path):
+    lc = Launcher(tmp_path)
+    try:
+        yield lc
+    finally:
+        lc.stop_all()
+
+
+def health(url: str) -> int:
+    return http("GET", url + "/health", timeout=3)[0]
+
+
+def wait_healthy(g, timeout: float = 30.0):
+    try:
+        wait_for(lambda: health(g["url"]) == 200, timeout, f"{g['name']} rank 0 healthy")
+    except AssertionError:
+        logs = "\n".join(f"--- {p.name}\n{p.output()[-3000:]}" for p in g["procs"].values())
+        raise AssertionError(f"{g['name']} did not become healthy\n{logs}")
+
+
+def router_env() -> Dict[str, str]:
+    # The Rust router loads a tokenizer from the worker's model_path/tokenizer_path: an existing
+    # local directory makes it try the disk only (an unknown name would send it to the HF hub).
+    # The two variables are a second guard and point nowhere but loopback.
+    return {"HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9", "NO_PROXY": "*"}
+
+
+# ------------------------------------------------------------------------------------------------
+# flags
+
+
+def run_cli(args: List[str], timeout: float = 20) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(STANDIN_DIR), SGLANG_STANDIN_LOAD_SECONDS="0")
+    return subprocess.run([sys.executable, "-m", "sglang.launch_server"] + args, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("flag", ["--enable-ep-moe", "--cuda-graph-max-bs", "--model"])
+def test_unknown_flag_exits_2_naming_it(flag):
+    r = run_cli(["--model-path", "m", flag, "8"])
+    assert r.returncode == 2, r
+    assert "error: unrecognized arguments" in r.stderr
+    assert flag in r.stderr
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--nnodes", "2", "--node-rank", "2", "--dist-init-addr", "127.0.0.1:5000"], "--node-rank"),
+        (["--nnodes", "2", "--node-rank", "1"], "--dist-init-addr"),
+        (["--nnodes", "2", "--tp-size", "3", "--dist-init-addr", "127.0.0.1:5000"], "divisible"),
+        (["--dist-init-addr", "nohostport", "--nnodes", "2"], "--dist-init-addr"),
+        (["--disaggregation-mode", "both"], "invalid choice"),
+        ([], "--model-path"),
+    ],
+)
+def test_invalid_flag_combinations_exit_2(args, needle):
+    base = [] if args == [] else ["--model-path", "m"]
+    r = run_cli(base + args)
+    assert r.returncode == 2, r
+    assert needle in r.stderr, r.stderr
+
+
+def test_help_and_aliases():
+    r = run_cli(["--help"])
+    assert r.returncode == 0
+    for flag in ("--disaggregation-bootstrap-port", "--tp-size", "--ep-size", "--dist-init-addr"):
+        assert flag in r.stdout
+
+
+# ------------------------------------------------------------------------------------------------
+# single node
+
+
+def test_single_node_api_and_sigterm(launcher):
+    port = free_port()
+    p = launcher.server("solo", ["--model-path", str(launcher.model_dir), "--served-model-name",
+                                 "kimi-k3", "--host", HOST, "--port", str(port), "--tp", "8"],
+                        env={"SGLANG_STANDIN_LOAD_SECONDS": "2"})
+    url = f"http://{HOST}:{port}"
+    wait_for(lambda: http("GET", url + "/health")[0] in (200, 503), 15, "HTTP up")
+    assert health(url) == 503  # still "loading"
+    code, text = http("GET", url + "/health_generate")
+    assert code == 503 and "loading" in text
+    # info endpoints answer during loading, like SGLang
+    info = get_json(url + "/get_server_info")
+    assert info["version"] == "standin" and info["tp_size"] == 8 and info["nnodes"] == 1
+    assert info["disaggregation_mode"] == "null" and info["disaggregation_bootstrap_port"] == 8998
+    assert get_json(url + "/server_info")["model_path"] == str(launcher.model_dir)
+    mi = get_json(url + "/get_model_info")
+    assert mi["is_generation"] is True and mi["tokenizer_path"] == str(launcher.model_dir)
+    assert get_json(url + "/model_info")["model_path"] == str(launcher.model_dir)
+    assert get_json(url + "/v1/models")["data"][0]["id"] == "kimi-k3"
+    code, _ = http("POST", url + "/generate", {"text": "hi"})
+    assert code == 503  # not ready yet
+
+    wait_for(lambda: health(url) == 200, 15, "healthy")
+    assert http("GET", url + "/health_generate")[0] == 200
+    assert READY_BANNER in p.output()
+    code, text = http("POST", url + "/generate",
+                      {"text": "Hello world", "sampling_params": {"max_new_tokens": 7}})
+    assert code == 200, text
+    out = json.loads(text)
+    assert out["text"] == generate_words("Hello world", 7) and len(out["text"].split()) == 7
+    assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 7}
+    assert out["meta_info"]["prompt_tokens"] == 2
+    code, text = http("POST", url + "/v1/chat/completions",
+                      {"model": "kimi-k3", "messages": [{"role": "user", "content": "hi"}],
+                       "max_tokens": 3})
+    assert code == 200 and json.loads(text)["choices"][0]["message"]["content"]
+    assert http("GET", url + "/nope")[0] == 404
+
+    t0 = time.monotonic()
+    p.popen.send_signal(signal.SIGTERM)
+    assert p.popen.wait(timeout=5) == 0
+    assert time.monotonic() - t0 < 3
+
+
+# ------------------------------------------------------------------------------------------------
+# multi-node groups and PD without the router
+
+
+def test_pd_groups_health_bootstrap_and_kv(launcher):
+    # rank 0 alone: HTTP is up but 503 until rank 1 joins
+    pg = launcher.group("prefill", "prefill", start_ranks=[0])
+    dg = launcher.group("decode", "decode", env={"SGLANG_STANDIN_KV_WAIT_SECONDS": "1"})
+    wait_for(lambda: health(pg["url"]) == 503, 15, "prefill HTTP up (503)")
+    time.sleep(1.0)
+    code, text = http("GET", pg["url"] + "/health")
+    assert code == 503 and "node ranks [1]" in text
+    # rank 1 gets the same flags (same --port too: it must not serve HTTP, so no bind clash)
+    pg["procs"][1] = launcher.server("prefill1", pg["flags"] + ["--node-rank", "1"])
+    wait_healthy(pg)
+    wait_healthy(dg)
+    for g in (pg, dg):
+        assert g["procs"][1].alive(), g["procs"][1].output()
+        assert "no HTTP server" in g["procs"][1].output()
+        assert READY_BANNER in g["procs"][0].output()
+        assert READY_BANNER not in g["procs"][1].output()
+
+    # bootstrap server: prefill rank 1 registered with PUT /route
+    routes = get_json(f"http://{HOST}:{pg['boot']}/route")
+    assert sorted(r["node_rank"] for r in routes["registrations"]) == [0, 1]
+    assert "PUT /route" in pg["procs"][0].output()
+    # decode runs no bootstrap server
+    assert http("GET", f"http://{HOST}:{dg['boot']}/route", timeout=2)[0] == -1
+
+    # what the router does: same body (with bootstrap fields) to P and D at the same time
+    room = 123456789
+    body = {"text": "Tell me a story", "sampling_params": {"max_new_tokens": 12},
+            "bootstrap_host": HOST, "bootstrap_port": pg["boot"], "bootstrap_room": room}
+    res = {}
+    t = threading.Thread(target=lambda: res.update(d=http("POST", dg["url"] + "/generate", body)))
+    t.start()
+    time.sleep(0.3)  # decode waits for the KV
+    pc, ptext = http("POST", pg["url"] + "/generate", body)
+    t.join(10)
+    assert pc == 200, ptext
+    dc, dtext = res["d"]
+    assert dc == 200, dtext
+    out = json.loads(dtext)
+    assert out["text"] == generate_words("Tell me a story", 12)
+    assert out["meta_info"]["kv_transfer"]["bootstrap_room"] == room
+    assert out["meta_info"]["finish_reason"]["length"] == 12
+    assert get_json(f"http://{HOST}:{pg['boot']}/kv/{room}")["text"] == "Tell me a story"
+
+    # decode with bootstrap_port null uses its own --disaggregation-bootstrap-port (here: nothing
+    # listens there), and a room prefill never saw: both fail like a real KV transfer failure
+    for port in (None, pg["boot"]):
+        b = dict(body, bootstrap_room=42, bootstrap_port=port)
+        code, text = http("POST", dg["url"] + "/generate", b)
+        assert code == 500, text
+        assert "Failed to receive kv chunk for room 42" in text
+        if port is None:
+            assert str(dg["boot"]) in text
+    # requests without bootstrap info are refused by P/D servers
+    assert http("POST", pg["url"] + "/generate", {"text": "x"})[0] == 400
+
+
+def test_killing_rank1_breaks_group_for_good(launcher):
+    g = launcher.group("decode", "decode")
+    wait_healthy(g)
+    g["procs"][1].popen.kill()
+    g["procs"][1].popen.wait(5)
+    wait_for(lambda: health(g["url"]) == 503, 10, "rank 0 unhealthy after rank 1 died")
+    code, text = http("GET", g["url"] + "/health")
+    assert "lost connection to node rank 1" in text
+    assert "lost connection to node rank 1" in g["procs"][0].output()
+    assert g["procs"][0].alive()
+    # restarting only rank 1 does not heal the group: it is rejected and exits non-zero
+    r1 = launcher.server("decode1b", g["flags"] + ["--node-rank", "1"])
+    assert r1.popen.wait(timeout=15) != 0
+    assert "rejected node rank 1" in r1.output()
+    assert health(g["url"]) == 503
+    assert get_json(g["url"] + "/get_server_info")["group_broken"]
+
+
+def test_rank0_death_kills_rank1(launcher):
+    g = launcher.group("prefill", "prefill")
+    wait_healthy(g)
+    g["procs"][0].popen.send_signal(signal.SIGTERM)
+    assert g["procs"][0].popen.wait(5) == 0
+    rc = g["procs"][1].popen.wait(timeout=10)
+    assert rc != 0
+    assert "NCCL communicator was aborted" in g["procs"][1].output()
+
+
+def test_rank1_waits_for_rank0_and_mismatched_args_are_rejected(launcher):
+    g = launcher.group("decode", "decode", start_ranks=[1])
+    time.sleep(1.5)
+    assert g["procs"][1].alive()
+    assert "waiting for rank 0" in g["procs"][1].output()
+    g["procs"][0] = launcher.server("decode0", g["flags"] + ["--node-rank", "0"])
+    wait_healthy(g)
+    # a third process with another --disaggregation-mode tries to join as rank 1: rejected
+    bad = [a if a != "decode" else "prefill" for a in g["flags"]]
+    r = launcher.server("intruder", bad + ["--node-rank", "1"])
+    assert r.popen.wait(timeout=15) == 1
+    assert "every rank must get the same arguments" in r.output()
+    assert health(g["url"]) == 200
+
+
+def test_exit_while_loading_fault(launcher):
+    env = {"SGLANG_STANDIN_EXIT_WHILE_LOADING": "1", "SGLANG_STANDIN_LOAD_SECONDS": "1"}
+    g = launcher.group("prefill", "prefill", env=env)
+    rc = g["procs"][1].popen.wait(timeout=20)
+    assert rc == 1
+    assert "RuntimeError: CUDA out of memory" in g["procs"][1].output()
+    assert "fault injection" in g["procs"][1].output()
+    wait_for(lambda: "group is broken" in g["procs"][0].output(), 10, "rank 0 notices")
+    time.sleep(1.5)  # past the load time: still unhealthy, never fired up
+    code, text = http("GET", g["url"] + "/health")
+    assert code == 503 and "group broken" in text
+    assert READY_BANNER not in g["procs"][0].output()
+    assert g["procs"][0].alive()
+
+
+# ------------------------------------------------------------------------------------------------
+# the real sglang-router
+
+
+@pytest.fixture
+def pd_groups(launcher):
+    pg = launcher.group("prefill", "prefill")
+    dg = launcher.group("decode", "decode")
+    wait_healthy(pg)
+    wait_healthy(dg)
+    return launcher, pg, dg
+
+
+def start_router(launcher, pg, dg, extra: List[str]) -> Tuple[Proc, str]:
+    port = free_port()
+    argv = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
+            "--prefill", pg["url"], str(pg["boot"]), "--decode", dg["url"],
+            "--host", HOST, "--port", str(port)] + extra
+    return launcher.start("router", argv, router_env()), f"http://{HOST}:{port}"
+
+
+def generate_through(router: Proc, url: str, pg, text="Hello", n=16, timeout=60.0) -> Dict:
+    body = {"text": text, "sampling_params": {"max_new_tokens": n}}
+    last = {}
+
+    def ok():
+        assert router.alive(), router.output()[-4000:]
+        last["r"] = http("POST", url + "/generate", body, timeout=15)
+        return last["r"][0] == 200
+
+    try:
+        wait_for(ok, timeout, "200 from POST /generate through the router", interval=0.5)
+    except AssertionError:
+        raise AssertionError(f"last={last.get('r')}\nrouter log:\n{router.output()[-4000:]}")
+    out = json.loads(last["r"][1])
+    assert out["text"] == generate_words(text, n), out
+    kv = out["meta_info"]["kv_transfer"]
+    assert kv["bootstrap_host"] == HOST and kv["bootstrap_port"] == pg["boot"]
+    assert isinstance(kv["bootstrap_room"], int)
+    # the KV really went prefill -> decode for that room
+    assert f"GET /kv/{kv['bootstrap_room']}" in pg["procs"][0].output()
+    return out
+
+
+@needs_router
+def test_router_mini_lb_end_to_end(pd_groups):
+    launcher, pg, dg = pd_groups
+    router, url = start_router(launcher, pg, dg, ["--mini-lb"])
+    out = generate_through(router, url, pg)
+    assert out["meta_info"]["completion_tokens"] == 16
+    code, text = http("POST", url + "/v1/chat/completions",
+                      {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                       "max_tokens": 4})
+    assert code == 200, text
+    assert len(json.loads(text)["choices"][0]["message"]["content"].split()) == 4
+
+
+@needs_router
+def test_router_rust_random_policy_end_to_end(pd_groups):
+    launcher, pg, dg = pd_groups
+    router, url = start_router(launcher, pg, dg, ["--policy", "random"])
+    generate_through(router, url, pg)
+    wait_for(lambda: http("GET", url + "/readiness")[0] == 200, 10, "router readiness")
+    code, text = http("POST", url + "/v1/completions",
+                      {"model": str(launcher.model_dir), "prompt": "hi", "max_tokens": 5})
+    assert code == 200, text
+    assert len(json.loads(text)["choices"][0]["text"].split()) == 5
+    # what the router called on the workers at registration
+    p0 = pg["procs"][0].output()
+    assert '"GET /health" 200' in p0 and "GET /server_info" in p0 and "GET /model_info" in p0
+
+
+@needs_router
+def test_router_rust_waits_for_workers_that_are_still_loading(launcher):
+    pg = launcher.group("prefill", "prefill", env={"SGLANG_STANDIN_LOAD_SECONDS": "3"})
+    dg = launcher.group("decode", "decode", env={"SGLANG_STANDIN_LOAD_SECONDS": "3"})
+    router, url = start_router(launcher, pg, dg, ["--policy", "round_robin"])
+    wait_for(lambda: http("GET", url + "/health")[0] == 200, 20, "router up")
+    code, text = http("POST", url + "/generate", {"text": "Hi", "sampling_params": {}})
+    assert code == 503, text  # no worker registered yet
+    assert http("GET", url + "/readiness")[0] == 503
+    generate_through(router, url, pg, text="Hi", n=3, timeout=60)
+    assert '"GET /health" 503' in pg["procs"][0].output()
+
+
+@needs_router
+@pytest.mark.parametrize(
+    "side,env",
+    [
+        ("prefill", {"SGLANG_STANDIN_KV_FAIL": "1"}),
+        # Mooncake #351/#2511: memory registration fails, the server still looks healthy
+        ("decode", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
+    ],
+)
+def test_router_kv_transfer_failure_is_a_500(launcher, side, env):
+    pg = launcher.group("prefill", "prefill", nnodes=1, env=env if side == "prefill" else None)
+    dg = launcher.group("decode", "decode", nnodes=1, env=env if side == "decode" else None)
+    wait_healthy(pg)  # healthy although every KV transfer will fail
+    wait_healthy(dg)
+    router, url = start_router(launcher, pg, dg, ["--mini-lb"])
+    wait_for(lambda: http("GET", url + "/health")[0] == 200, 20, "router up")
+    code, text = http("POST", url + "/generate",
+                      {"text": "Hello", "sampling_params": {"max_new_tokens": 4}})
+    assert code == 500, text
+    assert "Failed to receive kv chunk" in text
