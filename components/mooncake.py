@@ -10,7 +10,7 @@ from .config import ClusterConfig
 from .containers import node_container
 from .gates import HealthGate
 from .node import Node
-from .render import MOONCAKE_MASTER, mooncake_master_command, mooncake_master_env, mooncake_master_health_url
+from .render import mooncake_master_plan
 
 
 class MooncakeMaster(pulumi.ComponentResource):
@@ -20,13 +20,11 @@ class MooncakeMaster(pulumi.ComponentResource):
 
     def __init__(self, cfg: ClusterConfig, nodes: Mapping[str, Node],
                  opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("kimipd:mooncake:MooncakeMaster", MOONCAKE_MASTER, None, opts)
-        node = nodes[cfg.mooncake_master.node]
-        self.container = node_container(
-            cfg, MOONCAKE_MASTER, node, mooncake_master_command(cfg), mooncake_master_env(cfg),
-            gpu_workload=False, depends_on=[], parent=self)
-        self.gate = HealthGate(f"{MOONCAKE_MASTER}-ready", cfg, node,
-                               mooncake_master_health_url(cfg), self.container,
+        plan = mooncake_master_plan(cfg)
+        super().__init__("kimipd:mooncake:MooncakeMaster", plan.role, None, opts)
+        node = nodes[plan.node]
+        self.container = node_container(plan, node, depends_on=[], parent=self)
+        self.gate = HealthGate(f"{plan.role}-ready", cfg, node, plan, self.container,
                                opts=pulumi.ResourceOptions(parent=self))
         self.address = pulumi.Output.from_input(
             f"{cfg.mooncake_master.node}:{cfg.mooncake_master.rpc_port}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import dataclass
 
 from .config import ClusterConfig, GroupSpec
 
@@ -132,10 +133,6 @@ def mooncake_master_command(cfg: ClusterConfig) -> list[str]:
     ]
 
 
-def mooncake_master_env(cfg: ClusterConfig) -> dict[str, str]:
-    return dict(cfg.container.env)
-
-
 def mooncake_master_health_url(cfg: ClusterConfig) -> str:
     master = cfg.mooncake_master
     return f"http://{master.node}:{master.metrics_port}/health"
@@ -219,11 +216,73 @@ def smoke_test_text(stdout: str) -> str:
     return text
 
 
-# -- docker settings shared by every container ---------------------------------------------------
+# -- containers: everything docker is told about each one ------------------------------------
+
+
+@dataclass(frozen=True)
+class ContainerPlan:
+    """One container as docker will run it; the Pulumi component is a thin wrapper around it."""
+
+    role: str
+    node: str
+    name: str
+    command: list[str]
+    env: dict[str, str]
+    labels: dict[str, str]
+    mounts: list[tuple[str, str, bool]]  # (host path, container path, read-only)
+    gpus: str | None
+    devices: list[str]
+    capabilities: list[str]
+    privileged: bool
+    shm_size_mb: int
+    ulimits: dict[str, int]
+    restart: str
+    health_url: str | None  # what its gate polls; None for ranks >= 1 (no HTTP server)
+
+
+def _plan(cfg: ClusterConfig, role: str, node: str, command: list[str], env: dict[str, str],
+          health: str | None, gpu_workload: bool) -> ContainerPlan:
+    settings = cfg.container
+    return ContainerPlan(
+        role=role,
+        node=node,
+        name=container_name(role),
+        command=command,
+        env=env,
+        labels=container_labels(cfg, role),
+        mounts=container_mounts(cfg),
+        gpus=settings.gpus if gpu_workload else None,
+        devices=list(settings.devices) if gpu_workload else [],
+        capabilities=list(settings.capabilities) if gpu_workload else [],
+        privileged=settings.privileged,
+        shm_size_mb=settings.shm_size_mb,
+        ulimits=dict(sorted(settings.ulimits.items())),
+        # `no` unless the operator says otherwise: a lone restarted rank cannot rejoin its NCCL
+        # group, so a crash must surface (gate, refresh) instead of looping.
+        restart=settings.restart,
+        health_url=health,
+    )
+
+
+def mooncake_master_plan(cfg: ClusterConfig) -> ContainerPlan:
+    return _plan(cfg, MOONCAKE_MASTER, cfg.mooncake_master.node, mooncake_master_command(cfg),
+                 dict(cfg.container.env), mooncake_master_health_url(cfg), gpu_workload=False)
+
+
+def sglang_rank_plan(cfg: ClusterConfig, group_name: str, rank: int) -> ContainerPlan:
+    group = cfg.groups[group_name]
+    return _plan(cfg, rank_role(group_name, rank), group.nodes[rank],
+                 sglang_command(cfg, group_name, rank), sglang_env(cfg, group_name, rank),
+                 health_url(group) if rank == 0 else None, gpu_workload=True)
+
+
+def router_plan(cfg: ClusterConfig) -> ContainerPlan:
+    return _plan(cfg, ROUTER, cfg.router.node, router_command(cfg), dict(cfg.container.env),
+                 router_url(cfg) + "/health", gpu_workload=False)
 
 
 def container_mounts(cfg: ClusterConfig) -> list[tuple[str, str, bool]]:
-    """(host path, container path, read-only) for a container; node files at the same path."""
+    """The program's scripts, the node files (at their node paths) and the operator's volumes."""
     mounts = [(NODE_ASSET_DIR, NODE_ASSET_DIR, True)]
     mounts += [(f.destination, f.destination, True) for f in cfg.node_files]
     mounts += [(v.host_path, v.container_path, v.read_only) for v in cfg.container.volumes]

@@ -11,7 +11,7 @@ from .config import ClusterConfig
 from .containers import node_container
 from .gates import HealthGate
 from .node import Node
-from .render import ROUTER, router_command, router_url, smoke_test_command, smoke_test_text
+from .render import router_plan, router_url, smoke_test_command, smoke_test_text
 
 
 class Router(pulumi.ComponentResource):
@@ -22,12 +22,12 @@ class Router(pulumi.ComponentResource):
     def __init__(self, cfg: ClusterConfig, nodes: Mapping[str, Node],
                  wait_for: Sequence[pulumi.Resource],
                  opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("kimipd:router:Router", ROUTER, None, opts)
-        node = nodes[cfg.router.node]
-        self.container = node_container(cfg, ROUTER, node, router_command(cfg), dict(cfg.container.env),
-                                        gpu_workload=False, depends_on=wait_for, parent=self)
-        self.gate = HealthGate(f"{ROUTER}-ready", cfg, node, router_url(cfg) + "/health",
-                               self.container, opts=pulumi.ResourceOptions(parent=self))
+        plan = router_plan(cfg)
+        super().__init__("kimipd:router:Router", plan.role, None, opts)
+        node = nodes[plan.node]
+        self.container = node_container(plan, node, depends_on=wait_for, parent=self)
+        self.gate = HealthGate(f"{plan.role}-ready", cfg, node, plan, self.container,
+                               opts=pulumi.ResourceOptions(parent=self))
         self.url = pulumi.Output.from_input(router_url(cfg))
         self.register_outputs({"url": self.url})
 

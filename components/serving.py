@@ -10,7 +10,7 @@ from .config import ClusterConfig
 from .containers import node_container
 from .gates import HealthGate
 from .node import Node
-from .render import group_endpoint, health_url, rank_role, sglang_command, sglang_env
+from .render import group_endpoint, sglang_rank_plan
 
 
 class ServingGroup(pulumi.ComponentResource):
@@ -23,13 +23,12 @@ class ServingGroup(pulumi.ComponentResource):
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("kimipd:serving:ServingGroup", name, None, opts)
         group = cfg.groups[name]
+        plans = [sglang_rank_plan(cfg, name, rank) for rank in range(len(group.nodes))]
         self.containers = [
-            node_container(cfg, rank_role(name, rank), nodes[address],
-                           sglang_command(cfg, name, rank), sglang_env(cfg, name, rank),
-                           gpu_workload=True, depends_on=wait_for, parent=self)
-            for rank, address in enumerate(group.nodes)
+            node_container(plan, nodes[plan.node], depends_on=wait_for, parent=self)
+            for plan in plans
         ]
-        self.gate = HealthGate(f"{name}-ready", cfg, nodes[group.rank0], health_url(group),
+        self.gate = HealthGate(f"{name}-ready", cfg, nodes[group.rank0], plans[0],
                                self.containers[0], opts=pulumi.ResourceOptions(
                                    parent=self, depends_on=self.containers[1:]))
         self.endpoint = pulumi.Output.from_input(group_endpoint(group))

@@ -164,3 +164,19 @@ def test_smoke_test_text() -> None:
     assert smoke_test_text('{"text": " world", "meta_info": {}}') == " world"
     with pytest.raises(ValueError, match="without a 'text' field"):
         smoke_test_text('{"error": "Failed to send kv chunk"}')
+
+
+def test_container_plans(pro6000: dict) -> None:
+    from components.render import mooncake_master_plan, router_plan, sglang_rank_plan
+
+    config = load_cluster_config(pro6000)
+    rank0, rank2 = sglang_rank_plan(config, "decode", 0), sglang_rank_plan(config, "decode", 2)
+    assert (rank0.node, rank0.name, rank0.health_url) == (
+        "174.1.60.5", "kimipd-decode-r0", "http://174.1.60.5:30000/health")
+    assert (rank2.node, rank2.health_url) == ("174.1.60.7", None)  # ranks >= 1 serve no HTTP
+    assert (rank0.gpus, rank0.devices, rank0.capabilities) == ("all", ["/dev/infiniband"], ["IPC_LOCK"])
+    assert rank0.restart == "no" and rank0.privileged is False
+    router, master = router_plan(config), mooncake_master_plan(config)
+    assert (router.node, router.gpus, router.devices) == ("174.1.60.5", None, [])
+    assert router.health_url == "http://174.1.60.5:31000/health"
+    assert (master.node, master.health_url) == ("174.1.60.1", "http://174.1.60.1:9003/health")
