@@ -1,0 +1,62 @@
+"""The simulated cluster (sim/sim) as a test fixture: real sshd, dockerd, registry and image."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from dataclasses import dataclass
+
+from tests.conftest import REPO
+
+SIM = REPO / "sim" / "sim"
+
+
+def _sim(*args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
+    return subprocess.run([str(SIM), *args], capture_output=True, text=True, timeout=timeout,
+                          check=False)
+
+
+@dataclass
+class SimCluster:
+    env: dict[str, str]
+    started_here: bool
+
+    @property
+    def image(self) -> str:
+        return self.env["KIMIPD_SIM_IMAGE"]
+
+    def ssh(self, node: str, command: str, timeout: int = 600,
+            stdin: str | None = None) -> subprocess.CompletedProcess:
+        """Run a shell line on a sim node over its real sshd (DOCKER_HOST is the node's dockerd)."""
+        return subprocess.run(["ssh", "-F", self.env["KIMIPD_SIM_SSH_CONFIG"], f"root@{node}",
+                               command], capture_output=True, text=True, timeout=timeout,
+                              input=stdin, check=False)
+
+    def docker(self, node: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+        return self.ssh(node, shlex.join(["docker", *args]), timeout=timeout)
+
+    def remove_kimipd_containers(self, nodes: list[str]) -> None:
+        for node in nodes:
+            self.ssh(node, "ids=$(docker ps -aq --filter label=kimipd.role); "
+                           '[ -z "$ids" ] || docker rm -f $ids >/dev/null')
+
+
+def start_sim() -> SimCluster:
+    """`sim/sim up` unless it is already up (then it is left up afterwards, as it was found)."""
+    started_here = _sim("status").returncode != 0
+    if started_here:
+        result = _sim("up")
+        assert result.returncode == 0, f"sim/sim up failed:\n{result.stderr[-4000:]}"
+    status = _sim("status")
+    # Nothing may be sent to 10.231.60.x unless the sim's bridge carries it.
+    assert status.returncode == 0, f"the sim is not up:\n{status.stdout}{status.stderr}"
+    exports = subprocess.run(["bash", "-c", f'eval "$({SIM} env)" && env -0'],
+                             capture_output=True, check=True).stdout.decode().split("\0")
+    env = {k: v for k, v in (item.split("=", 1) for item in exports if "=" in item)
+           if k.startswith("KIMIPD_SIM_")}
+    return SimCluster(env=env, started_here=started_here)
+
+
+def stop_sim(cluster: SimCluster) -> None:
+    if cluster.started_here:
+        _sim("down")

@@ -1,0 +1,220 @@
+"""The renderings, run for real on the simulated cluster, without the Pulumi engine.
+
+Each container is started with exactly its ContainerPlan (argv, env, mounts, labels) by the
+node's own docker over SSH, and the program's own scripts do the rest: preflight, the readiness
+gates, the smoke test. What runs: real sshd and dockerd per node, the local registry, the real
+sglang-router (MiniLB), the real mooncake_master, and the stand-in SGLang server. This proves the
+flags, environment and ordering the program renders are accepted and work end to end; the
+Pulumi layer on top is covered by tests/program (mocks) and tests/integration/test_up.py (engine).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from components.assets import ASSETS_DIR, verify_node_file_sources
+from components.config import ClusterConfig, load_cluster_config
+from components.render import (
+    NODE_ASSET_DIR,
+    NODE_SCRIPTS,
+    ContainerPlan,
+    mooncake_master_plan,
+    prepare_dirs_command,
+    preflight_command,
+    router_plan,
+    sglang_rank_plan,
+    smoke_test_command,
+    smoke_test_text,
+    wait_healthy_command,
+)
+from tests.conftest import stack_values
+from tests.integration.sim import SimCluster, start_sim, stop_sim
+
+pytestmark = pytest.mark.timeout(1800)
+
+
+def docker_run_argv(plan: ContainerPlan, image: str) -> list[str]:
+    """What the docker provider asks the engine for, as `docker run` flags."""
+    argv = ["docker", "run", "--detach", "--name", plan.name, "--network", "host", "--ipc", "host",
+            "--restart", plan.restart, "--shm-size", f"{plan.shm_size_mb}m"]
+    for key, value in sorted(plan.env.items()):
+        argv += ["--env", f"{key}={value}"]
+    for key, value in plan.labels.items():
+        argv += ["--label", f"{key}={value}"]
+    for host, container, read_only in plan.mounts:
+        argv += ["--volume", f"{host}:{container}{':ro' if read_only else ''}"]
+    for name, limit in plan.ulimits.items():
+        argv += ["--ulimit", f"{name}={limit}:{limit}"]
+    argv += [f"--device={device}" for device in plan.devices]
+    argv += [f"--cap-add={capability}" for capability in plan.capabilities]
+    argv += ["--gpus", plan.gpus] if plan.gpus else []
+    argv += ["--privileged"] if plan.privileged else []
+    return [*argv, image, *plan.command]
+
+
+class Deployment:
+    """Drives one sim deployment in the program's order, reporting failures in operator terms."""
+
+    def __init__(self, sim: SimCluster, config: ClusterConfig) -> None:
+        self.sim, self.config = sim, config
+        self.nodes = [node.address for node in config.nodes]
+
+    def prepare_nodes(self) -> None:
+        node_files = {f.destination: Path(f.source).expanduser() for f in self.config.node_files}
+        verify_node_file_sources(self.config.node_files, Path.cwd())
+        for node in self.nodes:
+            self.check(node, self.sim.ssh(node, prepare_dirs_command(self.config)), "dirs")
+            files = {f"{NODE_ASSET_DIR}/{s}": ASSETS_DIR / s for s in NODE_SCRIPTS} | node_files
+            for destination, source in files.items():
+                self.check(node, self.sim.ssh(node, f"cat > {shlex.quote(destination)}",
+                                              stdin=source.read_text(errors="surrogateescape")
+                                              if source.suffix != ".whl" else None)
+                           if source.suffix != ".whl" else self.copy_binary(node, source, destination),
+                           f"copy {destination}")
+            self.check(node, self.sim.docker(node, "pull", "--quiet", self.sim.image), "pull")
+
+    def copy_binary(self, node: str, source: Path, destination: str):
+        import subprocess
+        with source.open("rb") as stream:
+            return subprocess.run(["ssh", "-F", self.sim.env["KIMIPD_SIM_SSH_CONFIG"],
+                                   f"root@{node}", f"cat > {shlex.quote(destination)}"],
+                                  stdin=stream, capture_output=True, text=True, timeout=120)
+
+    @staticmethod
+    def check(node: str, result, what: str) -> None:
+        assert result.returncode == 0, f"{what} on {node} failed:\n{result.stdout}\n{result.stderr}"
+
+    def start(self, plan: ContainerPlan) -> None:
+        result = self.sim.ssh(plan.node, shlex.join(docker_run_argv(plan, self.sim.image)))
+        self.check(plan.node, result, f"docker run {plan.role}")
+
+    def gate(self, plan: ContainerPlan):
+        return self.sim.ssh(plan.node, wait_healthy_command(self.config, plan.health_url, plan.name))
+
+    def start_group(self, name: str) -> list[ContainerPlan]:
+        plans = [sglang_rank_plan(self.config, name, rank)
+                 for rank in range(len(self.config.groups[name].nodes))]
+        for plan in plans:
+            self.start(plan)
+        return plans
+
+    def logs(self, plan: ContainerPlan) -> str:
+        result = self.sim.docker(plan.node, "logs", plan.name)
+        return result.stdout + result.stderr
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[SimCluster]:
+    cluster = start_sim()
+    yield cluster
+    cluster.remove_kimipd_containers([f"10.231.60.{i}" for i in range(1, 9)])
+    stop_sim(cluster)
+
+
+def sim_config(sim: SimCluster, **changes) -> ClusterConfig:
+    values = copy.deepcopy(stack_values("sim"))
+    values["image"] = sim.image
+    for key, value in changes.items():
+        values[key] = value
+    return load_cluster_config(values)
+
+
+@pytest.fixture(scope="module")
+def deployed(sim: SimCluster) -> Iterator[tuple[Deployment, dict]]:
+    deployment = Deployment(sim, sim_config(sim))
+    sim.remove_kimipd_containers(deployment.nodes)
+    deployment.prepare_nodes()
+    master = mooncake_master_plan(deployment.config)
+    deployment.start(master)
+    gates = {"mooncake-master": deployment.gate(master)}
+    prefill = deployment.start_group("prefill")
+    gates["prefill"] = deployment.gate(prefill[0])
+    decode = deployment.start_group("decode") if gates["prefill"].returncode == 0 else []
+    gates["decode"] = deployment.gate(decode[0]) if decode else None
+    router = router_plan(deployment.config)
+    deployment.start(router)
+    gates["router"] = deployment.gate(router)
+    smoke = deployment.sim.ssh(router.node, smoke_test_command(deployment.config))
+    yield deployment, {"gates": gates, "smoke": smoke, "prefill": prefill, "decode": decode,
+                       "router": router, "master": master}
+    sim.remove_kimipd_containers(deployment.nodes)
+
+
+def test_preflight_passes_on_every_sim_node(sim: SimCluster) -> None:
+    config = sim_config(sim)
+    script = (ASSETS_DIR / "preflight.sh").read_text()
+    for node in [n.address for n in config.nodes]:
+        result = sim.ssh(node, preflight_command(config, node, script))
+        assert result.returncode == 0, f"preflight on {node}:\n{result.stderr}"
+        assert f"preflight {node}: all checks passed" in result.stdout
+
+
+def test_preflight_failure_names_node_and_check(sim: SimCluster) -> None:
+    values = copy.deepcopy(stack_values("sim"))
+    values["network"]["computeInterface"] = "bond7"
+    config = load_cluster_config(values)
+    result = sim.ssh("10.231.60.3", preflight_command(
+        config, "10.231.60.3", (ASSETS_DIR / "preflight.sh").read_text()))
+    assert result.returncode == 1
+    assert "preflight failed on node 10.231.60.3: compute-interface: bond7 not found" in result.stderr
+
+
+def test_every_gate_opens_in_order(deployed) -> None:
+    _, run = deployed
+    for name, gate in run["gates"].items():
+        assert gate is not None and gate.returncode == 0, f"{name} gate:\n{gate and gate.stderr}"
+        assert "healthy after" in gate.stdout, name
+
+
+def test_smoke_test_answer_comes_from_decode_through_the_router(deployed) -> None:
+    _, run = deployed
+    smoke = run["smoke"]
+    assert smoke.returncode == 0, smoke.stderr
+    response = json.loads(smoke.stdout)
+    assert smoke_test_text(smoke.stdout).strip()
+    # The KV came from prefill rank 0's bootstrap server, which the router named.
+    assert response["meta_info"]["kv_transfer"]["bootstrap_host"] == "10.231.60.1"
+
+
+def test_each_rank_ran_its_rendered_command(deployed) -> None:
+    deployment, run = deployed
+    for plan in run["prefill"] + run["decode"]:
+        inspect = deployment.sim.docker(plan.node, "inspect", "--format",
+                                        "{{json .Config.Cmd}} {{.State.Status}}", plan.name)
+        command, status = inspect.stdout.rsplit(" ", 1)
+        assert json.loads(command) == plan.command, plan.role
+        assert status.strip() == "running", f"{plan.role} on {plan.node} is {status.strip()}"
+        logs = deployment.logs(plan)
+        assert "launch.sh: installing" in logs and "patch_k3_sm120 (sim): applied" in logs, plan.role
+
+
+def test_mooncake_master_is_the_real_one(deployed) -> None:
+    deployment, run = deployed
+    master = run["master"]
+    top = deployment.sim.docker(master.node, "top", master.name)
+    assert "mooncake_master" in top.stdout and "--rpc_port 50051" in top.stdout
+
+
+def test_a_prefill_rank_dying_while_loading_fails_the_gate_with_its_log(sim: SimCluster) -> None:
+    values = copy.deepcopy(stack_values("sim"))
+    values["image"] = sim.image
+    values["groups"]["prefill"]["env"] = {"SGLANG_STANDIN_EXIT_WHILE_LOADING": "0"}
+    values["gates"] = {"timeoutSeconds": 60, "intervalSeconds": 1}
+    deployment = Deployment(sim, load_cluster_config(values))
+    sim.remove_kimipd_containers(deployment.nodes)
+    try:
+        deployment.prepare_nodes()
+        prefill = deployment.start_group("prefill")
+        gate = deployment.gate(prefill[0])
+        assert gate.returncode == 1
+        assert "kimipd-prefill-r0: not running: exited (exit code 1)" in gate.stderr
+        assert "last 100 lines of kimipd-prefill-r0:" in gate.stderr
+        assert "CUDA out of memory" in gate.stderr
+    finally:
+        sim.remove_kimipd_containers(deployment.nodes)
