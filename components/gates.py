@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pulumi
 import pulumi_command as command
 import pulumi_docker as docker
@@ -16,12 +18,12 @@ class HealthGate(pulumi.ComponentResource):
     the container's log tail.
 
     It polls on the node because only the node is sure to reach the compute network and the
-    container's log. Its trigger is the container's id: a replaced container runs the gate
-    again, a no-op `up` runs nothing.
+    container's log. Its triggers are the ids of every container it stands for (all ranks of a
+    group): a replaced or recreated rank runs the gate again, a no-op `up` runs nothing.
     """
 
     def __init__(self, name: str, cfg: ClusterConfig, node: Node, plan: ContainerPlan,
-                 container: docker.Container,
+                 containers: Sequence[docker.Container],
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("kimipd:gates:HealthGate", name, None, opts)
         assert plan.health_url is not None, f"{plan.role} serves no HTTP to gate on"
@@ -29,8 +31,8 @@ class HealthGate(pulumi.ComponentResource):
             f"{name}-check",
             connection=node.connection,
             create=wait_healthy_command(cfg, plan.health_url, plan.name),
-            triggers=[container.id],
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[container]),
+            triggers=[container.id for container in containers],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(containers)),
         )
         self.url = plan.health_url
         self.register_outputs({"url": self.url})

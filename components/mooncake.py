@@ -24,7 +24,7 @@ class MooncakeMaster(pulumi.ComponentResource):
         super().__init__("kimipd:mooncake:MooncakeMaster", plan.role, None, opts)
         node = nodes[plan.node]
         self.container = node_container(plan, node, depends_on=[], parent=self)
-        self.gate = HealthGate(f"{plan.role}-ready", cfg, node, plan, self.container,
+        self.gate = HealthGate(f"{plan.role}-ready", cfg, node, plan, [self.container],
                                opts=pulumi.ResourceOptions(parent=self))
         self.address = pulumi.Output.from_input(
             f"{cfg.mooncake_master.node}:{cfg.mooncake_master.rpc_port}")

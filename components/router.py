@@ -26,7 +26,7 @@ class Router(pulumi.ComponentResource):
         super().__init__("kimipd:router:Router", plan.role, None, opts)
         node = nodes[plan.node]
         self.container = node_container(plan, node, depends_on=wait_for, parent=self)
-        self.gate = HealthGate(f"{plan.role}-ready", cfg, node, plan, self.container,
+        self.gate = HealthGate(f"{plan.role}-ready", cfg, node, plan, [self.container],
                                opts=pulumi.ResourceOptions(parent=self))
         self.url = pulumi.Output.from_input(router_url(cfg))
         self.register_outputs({"url": self.url})

@@ -29,7 +29,6 @@ class ServingGroup(pulumi.ComponentResource):
             for plan in plans
         ]
         self.gate = HealthGate(f"{name}-ready", cfg, nodes[group.rank0], plans[0],
-                               self.containers[0], opts=pulumi.ResourceOptions(
-                                   parent=self, depends_on=self.containers[1:]))
+                               self.containers, opts=pulumi.ResourceOptions(parent=self))
         self.endpoint = pulumi.Output.from_input(group_endpoint(group))
         self.register_outputs({"endpoint": self.endpoint})

@@ -3,7 +3,8 @@
 Stdlib only.  What it simulates (see README.md in this directory):
   * model loading (a sleep), readiness on /health, the fired-up banner;
   * a multi-node group: rank 0 listens on --dist-init-addr, ranks >= 1 connect and hold the
-    connection; a lost peer breaks the group for good (rank 0 -> 503, ranks >= 1 exit non-zero);
+    connection; a lost peer breaks the group for good (rank 0 -> 503, ranks >= 1 exit non-zero,
+    and rank 0 exits too once its watchdog fires, as SGLang's does on a hung collective);
   * PD disaggregation: prefill rank 0 runs the bootstrap server (PUT/GET /route and a KV store at
     GET /kv/<room>); decode fetches the "KV" of each request from there before it answers.
 """
@@ -150,6 +151,9 @@ class Standin:
         self.kv_wait_seconds = max(0.0, _env_float("SGLANG_STANDIN_KV_WAIT_SECONDS", 5.0))
         self.dist_timeout = max(0.0, _env_float("SGLANG_STANDIN_DIST_TIMEOUT", 600.0))
         self.bootstrap_timeout = max(0.0, _env_float("SGLANG_STANDIN_BOOTSTRAP_TIMEOUT", 60.0))
+        # Seconds rank 0 lives on after losing a peer (SGLang: the watchdog on the hung
+        # collective kills the server); 0 or less keeps it alive and unhealthy.
+        self.watchdog_seconds = _env_float("SGLANG_STANDIN_WATCHDOG_SECONDS", 10.0)
         self.kv_fail_reason: Optional[str] = None
         if os.environ.get("SGLANG_STANDIN_KV_FAIL", "").strip() not in ("", "0", "false"):
             self.kv_fail_reason = "SGLANG_STANDIN_KV_FAIL is set (stand-in fault injection)"
@@ -911,6 +915,11 @@ class GroupLeader:
             "/health is 503 from now on; restart every rank of this group",
             err=True,
         )
+        if st.watchdog_seconds > 0:
+            timer = threading.Timer(st.watchdog_seconds, _die, args=(
+                f"watchdog timeout ({st.watchdog_seconds:g}s) after: {reason}; exiting",))
+            timer.daemon = True
+            timer.start()
         for r, c in peers:
             try:
                 _send_line(c, {"abort": reason})

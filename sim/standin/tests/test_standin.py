@@ -341,7 +341,7 @@ def test_pd_groups_health_bootstrap_and_kv(launcher):
 
 
 def test_killing_rank1_breaks_group_for_good(launcher):
-    g = launcher.group("decode", "decode")
+    g = launcher.group("decode", "decode", env={"SGLANG_STANDIN_WATCHDOG_SECONDS": "0"})
     wait_healthy(g)
     g["procs"][1].popen.kill()
     g["procs"][1].popen.wait(5)
@@ -356,6 +356,14 @@ def test_killing_rank1_breaks_group_for_good(launcher):
     assert "rejected node rank 1" in r1.output()
     assert health(g["url"]) == 503
     assert get_json(g["url"] + "/get_server_info")["group_broken"]
+
+
+def test_rank0_watchdog_exits_after_losing_a_rank(launcher):
+    g = launcher.group("decode", "decode", env={"SGLANG_STANDIN_WATCHDOG_SECONDS": "1"})
+    wait_healthy(g)
+    g["procs"][1].popen.kill()
+    assert g["procs"][0].popen.wait(timeout=15) == 1
+    assert "watchdog timeout (1s) after: lost connection to node rank 1" in g["procs"][0].output()
 
 
 def test_rank0_death_kills_rank1(launcher):
