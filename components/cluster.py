@@ -45,9 +45,13 @@ class Cluster(pulumi.ComponentResource):
         self.register_outputs({})
 
     def _serve(self, cfg: ClusterConfig, child: pulumi.ResourceOptions) -> None:
+        # Nothing starts until every node is prepared (runbook steps 1-4 before 5): a node that
+        # fails preflight leaves the cluster without a single container.
+        every_node_ready = [resource for node in self.nodes.values() for resource in node.ready]
         # Runbook rule 2: prefill registers its bootstrap server before decode starts; stop
         # order is the reverse, which Pulumi derives from these same edges on destroy.
-        self.mooncake_master = MooncakeMaster(cfg, self.nodes, opts=child)
+        self.mooncake_master = MooncakeMaster(cfg, self.nodes, wait_for=every_node_ready,
+                                              opts=child)
         self.prefill = {
             name: ServingGroup(name, cfg, self.nodes, wait_for=[self.mooncake_master.gate],
                                opts=child)

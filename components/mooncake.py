@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import pulumi
 
@@ -19,11 +19,12 @@ class MooncakeMaster(pulumi.ComponentResource):
     address: pulumi.Output[str]
 
     def __init__(self, cfg: ClusterConfig, nodes: Mapping[str, Node],
+                 wait_for: Sequence[pulumi.Resource],
                  opts: pulumi.ResourceOptions | None = None) -> None:
         plan = mooncake_master_plan(cfg)
         super().__init__("kimipd:mooncake:MooncakeMaster", plan.role, None, opts)
         node = nodes[plan.node]
-        self.container = node_container(plan, node, depends_on=[], parent=self)
+        self.container = node_container(plan, node, depends_on=wait_for, parent=self)
         self.gate = HealthGate(f"{plan.role}-ready", cfg, node, plan, [self.container],
                                opts=pulumi.ResourceOptions(parent=self))
         self.address = pulumi.Output.from_input(

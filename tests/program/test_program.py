@@ -89,6 +89,13 @@ def test_dependency_chain_follows_the_runbook(run: Run) -> None:
     assert run.waits_for(smoke, gate["router"])
 
 
+def test_nothing_starts_before_every_node_is_prepared(run: Run) -> None:
+    master = run.containers()["mooncake-master"]
+    for i in range(1, 9):
+        for part in ("image", "assets"):
+            assert run.waits_for(master, run.named(f"node-174-1-60-{i}-{part}")), (i, part)
+
+
 def test_gates_rerun_only_when_a_container_of_theirs_is_replaced(run: Run) -> None:
     check = run.named("decode-ready-check")
     assert check.inputs["triggers"] == [f"decode-r{rank}-id" for rank in range(4)]
