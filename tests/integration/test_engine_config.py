@@ -13,7 +13,7 @@ import pytest
 from pulumi import automation as auto
 
 from tests.conftest import stack_values
-from tests.integration.engine import Project, engine_env
+from sim.automation import Project, engine_env
 
 pytestmark = pytest.mark.timeout(600)
 

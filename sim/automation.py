@@ -1,4 +1,4 @@
-"""The real Pulumi engine, driven through the Automation API on a file backend.
+"""The real Pulumi engine, driven through the Automation API on a file backend (demo and tests).
 
 The program runs inline (the SDK's in-process language server runs `__main__.py`), so no
 `pulumi-language-python` binary is needed; everything else is the real CLI and engine.
@@ -6,6 +6,7 @@ The program runs inline (the SDK's in-process language server runs `__main__.py`
 
 from __future__ import annotations
 
+import json
 import os
 import runpy
 import subprocess
@@ -18,7 +19,7 @@ from typing import Any
 import yaml
 from pulumi import automation as auto
 
-from tests.conftest import REPO
+REPO = Path(__file__).resolve().parent.parent
 
 
 def engine_env() -> dict[str, str]:
@@ -61,8 +62,20 @@ class Project:
                           "PULUMI_CONFIG_PASSPHRASE": "kimipd-tests"}
 
     def write_stack(self, name: str, values: dict[str, Any]) -> None:
-        config = {f"kimipd:{key}": value for key, value in values.items()}
-        (self.directory / f"Pulumi.{name}.yaml").write_text(yaml.safe_dump({"config": config}))
+        """Set the stack's `kimipd:*` values; an existing file keeps its secrets and salt."""
+        path = self.directory / f"Pulumi.{name}.yaml"
+        document = yaml.safe_load(path.read_text()) if path.exists() else {"config": {}}
+        secrets = {k: v for k, v in document["config"].items() if isinstance(v, dict) and "secure" in v}
+        document["config"] = {f"kimipd:{key}": value for key, value in values.items()} | secrets
+        path.write_text(yaml.safe_dump(document))
+
+    def update_stack(self, name: str, changes: dict[str, Any]) -> None:
+        """Change `kimipd:*` keys in place, keeping what `set_config` wrote (secrets, salt)."""
+        path = self.directory / f"Pulumi.{name}.yaml"
+        document = yaml.safe_load(path.read_text())
+        for key, value in changes.items():
+            document["config"][f"kimipd:{key}"] = value
+        path.write_text(yaml.safe_dump(document))
 
     def _program(self) -> None:
         if str(REPO) not in sys.path:
@@ -77,3 +90,15 @@ class Project:
                                              pulumi_command=cli)
         return auto.create_or_select_stack(stack_name=name, project_name="kimipd",
                                            program=self._program, opts=options)
+
+
+# The resource plugins the program needs, at the versions of the pinned Python SDKs.
+REQUIRED_PLUGINS = frozenset({("command", "1.2.1"), ("docker", "5.2.0")})
+
+
+def installed_plugins(env: dict[str, str]) -> set[tuple[str, str]]:
+    """(name, version) of the resource plugins the engine can load without downloading."""
+    result = subprocess.run([env["PULUMI_BIN"], "plugin", "ls", "--json"], capture_output=True,
+                            text=True, env={**os.environ, **env}, check=True)
+    return {(p["name"], p["version"]) for p in json.loads(result.stdout or "[]")
+            if p.get("kind") == "resource"}

@@ -1,0 +1,258 @@
+"""`pulumi up` for real: the engine and its providers against the simulated cluster.
+
+Needs the command 1.2.1 and docker 5.2.0 resource plugins. scripts/install-pulumi installs them
+from the official installer or from its drop-in directory; the Go module proxy reachable here
+serves neither provider's module, so on a machine without either source this module is skipped,
+saying so. Tests run in file order, each building on the state the previous one left.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pulumi import automation as auto
+
+from tests.conftest import stack_values
+from sim.automation import REQUIRED_PLUGINS, Project, engine_env, installed_plugins
+from tests.integration.sim import SimCluster, start_sim, stop_sim
+
+pytestmark = pytest.mark.timeout(1800)
+
+NODES = [f"10.231.60.{i}" for i in range(1, 9)]
+
+
+@pytest.fixture(scope="module")
+def env() -> dict[str, str]:
+    env = engine_env()
+    missing = REQUIRED_PLUGINS - installed_plugins(env)
+    if missing:
+        pytest.skip("resource plugins not installed: " + ", ".join(f"{n} {v}" for n, v in sorted(missing))
+                    + " (the Go module proxy serves neither provider; see scripts/install-pulumi)")
+    return env
+
+
+@pytest.fixture(scope="module")
+def sim(env) -> Iterator[SimCluster]:
+    cluster = start_sim()
+    cluster.remove_kimipd_containers(NODES)
+    yield cluster
+    cluster.remove_kimipd_containers(NODES)
+    stop_sim(cluster)
+
+
+@pytest.fixture(scope="module")
+def project(env, sim: SimCluster, tmp_path_factory) -> Project:
+    return Project(tmp_path_factory.mktemp("kimipd-up"), env)
+
+
+def sim_values(sim: SimCluster, **changes) -> dict:
+    values = copy.deepcopy(stack_values("sim"))
+    values["image"] = sim.image
+    values.update(changes)
+    return values
+
+
+def new_stack(project: Project, sim: SimCluster, name: str, values: dict) -> auto.Stack:
+    project.write_stack(name, values)
+    stack = project.stack(name)
+    key = Path(sim.env["KIMIPD_SIM_KEY"]).read_text()
+    stack.set_config("kimipd:sshPrivateKey", auto.ConfigValue(value=key, secret=True))
+    return stack
+
+
+class Events:
+    """The engine's step events, in the order it reported them."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[str, str, str]] = []  # (phase, op, urn)
+
+    def __call__(self, event: auto.EngineEvent) -> None:
+        for phase, payload in (("pre", event.resource_pre_event),
+                               ("done", event.res_outputs_event)):
+            if payload is not None:
+                self.steps.append((phase, str(payload.metadata.op.value
+                                              if hasattr(payload.metadata.op, "value")
+                                              else payload.metadata.op), payload.metadata.urn))
+
+    def changed(self) -> set[str]:
+        """Names of resources with any step other than `same`."""
+        return {urn.rsplit("::", 1)[-1] for phase, op, urn in self.steps
+                if phase == "pre" and op != "same" and "pulumi:pulumi:Stack" not in urn}
+
+    def index(self, phase: str, op: str, name: str, type_: str = "") -> int:
+        for i, (p, o, urn) in enumerate(self.steps):
+            if p == phase and o == op and urn.endswith("::" + name) and type_ in urn:
+                return i
+        raise AssertionError(f"no {phase} {op} event for {name}: {self.steps}")
+
+
+def container_ids(sim: SimCluster) -> dict[str, str]:
+    ids = {}
+    for node in NODES:
+        listing = sim.docker(node, "ps", "-a", "--filter", "label=kimipd.role",
+                             "--format", "{{.Names}} {{.ID}} {{.State}}")
+        for line in listing.stdout.split("\n"):
+            if line.strip():
+                name, cid, state = line.split()
+                ids[name] = f"{cid} {state}"
+    return ids
+
+
+CONTAINER = "docker:index/container:Container"
+
+
+def test_preflight_failure_stops_before_any_container(project: Project, sim: SimCluster) -> None:
+    dockerd = Path("/run/kimipd-sim/node3/dockerd.pid")
+    stack = new_stack(project, sim, "preflight", sim_values(sim))
+    subprocess_kill(dockerd)
+    try:
+        with pytest.raises(auto.CommandError) as error:
+            stack.up()
+        message = str(error.value)
+        assert "preflight failed on node 10.231.60.3: docker: docker engine does not answer" in message
+    finally:
+        restart_sim_nodes()
+    assert container_ids(sim) == {}, "a container was started although node 3 failed preflight"
+    stack.destroy()
+
+
+def subprocess_kill(pidfile: Path) -> None:
+    import os
+    import signal
+    pid = int(pidfile.read_text())
+    os.kill(pid, signal.SIGTERM)
+    for _ in range(100):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+
+
+def restart_sim_nodes() -> None:
+    from tests.integration.sim import _sim
+    assert _sim("up").returncode == 0
+
+
+def test_prefill_rank_exiting_while_loading_fails_the_gate(project: Project, sim: SimCluster) -> None:
+    values = sim_values(sim)
+    values["groups"]["prefill"]["env"] = {"SGLANG_STANDIN_EXIT_WHILE_LOADING": "0"}
+    values["gates"] = {"timeoutSeconds": 120, "intervalSeconds": 1}
+    stack = new_stack(project, sim, "prefill-fault", values)
+    with pytest.raises(auto.CommandError) as error:
+        stack.up()
+    message = str(error.value)
+    assert "kimipd-prefill-r0: not running: exited (exit code 1)" in message
+    assert "CUDA out of memory" in message
+    names = container_ids(sim)
+    assert "kimipd-prefill-r0" in names
+    assert not [n for n in names if "decode" in n or "router" in n], names
+    stack.destroy()
+    assert container_ids(sim) == {}
+
+
+@pytest.fixture(scope="module")
+def stack(project: Project, sim: SimCluster) -> Iterator[auto.Stack]:
+    stack = new_stack(project, sim, "sim", sim_values(sim))
+    yield stack
+    stack.destroy()
+
+
+def test_up_converges_and_the_router_answers(stack: auto.Stack, sim: SimCluster) -> None:
+    started = time.monotonic()
+    result = stack.up()
+    outputs = {key: value.value for key, value in result.outputs.items()}
+    print(f"first up: {time.monotonic() - started:.0f}s")
+    assert outputs["routerUrl"] == "http://10.231.60.5:31000"
+    assert outputs["generateUrl"] == "http://10.231.60.5:31000/generate"
+    assert outputs["smokeTest"].strip(), "the router returned no text"
+    assert outputs["groups"]["decode"]["nodes"] == NODES[4:]
+    assert outputs["mooncakeMaster"] == "10.231.60.1:50051"
+    for node in NODES:
+        assert outputs["nodes"][node]["imageDigest"].startswith("10.231.60.254:5000/kimipd/sim-node@sha256:")
+    config = stack_values("sim")
+    assert outputs["nodeFiles"] == {f["destination"]: f["sha256"] for f in config["nodeFiles"]}
+    running = container_ids(sim)
+    assert len(running) == 10 and all(v.endswith("running") for v in running.values()), running
+    state = stack.export_stack().deployment
+    assert "PRIVATE KEY" not in str(state), "the SSH key is in the state in plain text"
+
+
+def test_second_up_changes_nothing(stack: auto.Stack) -> None:
+    events = Events()
+    result = stack.up(on_event=events)
+    assert set(result.summary.resource_changes) == {"same"}, result.summary.resource_changes
+    assert events.changed() == set(), f"a no-op up ran: {events.changed()}"
+
+
+def test_decode_only_change_replaces_only_decode(stack: auto.Stack, project: Project,
+                                                 sim: SimCluster) -> None:
+    before = container_ids(sim)
+    groups = copy.deepcopy(stack_values("sim")["groups"])
+    groups["decode"]["extraArgs"] = ["--mem-fraction-static", "0.80", "--max-running-requests", "32"]
+    project.update_stack("sim", {"groups": groups})
+    preview = Events()
+    stack.preview(on_event=preview)
+    assert preview.changed() == {f"decode-r{r}" for r in range(4)} | {
+        "decode-ready-check", "smoke-test-generate"}, preview.changed()
+    stack.up()
+    after = container_ids(sim)
+    for name in before:
+        if "decode" in name:
+            assert after[name] != before[name], f"{name} was not replaced"
+        else:
+            assert after[name] == before[name], f"{name} changed on a decode-only edit"
+
+
+def test_drift_a_removed_rank_is_reported_and_recreated(stack: auto.Stack, sim: SimCluster) -> None:
+    sim.docker("10.231.60.7", "rm", "-f", "kimipd-decode-r2")
+    # The group dies with it: rank 0's watchdog, then the other ranks (as with NCCL).
+    for _ in range(60):
+        if container_ids(sim)["kimipd-decode-r0"].endswith("exited"):
+            break
+        time.sleep(1)
+    refresh = stack.refresh()
+    changes = refresh.summary.resource_changes
+    assert changes.get("delete", 0) + changes.get("update", 0) >= 1, changes
+    result = stack.up()
+    assert result.outputs["smokeTest"].value.strip()
+    running = container_ids(sim)
+    assert all(v.endswith("running") for v in running.values()), running
+    health = sim.ssh("10.231.60.5", "curl -s -o /dev/null -w '%{http_code}' http://10.231.60.5:30000/health")
+    assert health.stdout == "200"
+
+
+def test_serving_false_removes_containers_and_true_restores_them(
+        stack: auto.Stack, project: Project, sim: SimCluster) -> None:
+    project.update_stack("sim", {"serving": False})
+    result = stack.up()
+    assert "smokeTest" not in result.outputs
+    assert container_ids(sim) == {}
+    for node in NODES:
+        assert sim.docker(node, "image", "inspect", sim.image).returncode == 0, node
+        assert sim.ssh(node, "test -f /opt/kimipd/launch.sh").returncode == 0, node
+    project.update_stack("sim", {"serving": True})
+    result = stack.up()
+    assert result.outputs["smokeTest"].value.strip()
+    assert len(container_ids(sim)) == 10
+
+
+def test_destroy_runs_in_reverse_order_and_keeps_images(stack: auto.Stack, sim: SimCluster) -> None:
+    events = Events()
+    stack.destroy(on_event=events)
+    router_gone = events.index("done", "delete", "router", CONTAINER)
+    decode_starts = [events.index("pre", "delete", f"decode-r{r}", CONTAINER) for r in range(4)]
+    decode_gone = [events.index("done", "delete", f"decode-r{r}", CONTAINER) for r in range(4)]
+    prefill_starts = [events.index("pre", "delete", f"prefill-r{r}", CONTAINER) for r in range(4)]
+    prefill_gone = [events.index("done", "delete", f"prefill-r{r}", CONTAINER) for r in range(4)]
+    master_starts = events.index("pre", "delete", "mooncake-master", CONTAINER)
+    assert router_gone < min(decode_starts), "decode stopped before the router"
+    assert max(decode_gone) < min(prefill_starts), "prefill stopped before decode"
+    assert max(prefill_gone) < master_starts, "mc-master stopped before prefill"
+    assert container_ids(sim) == {}
+    for node in NODES:
+        assert sim.docker(node, "image", "inspect", sim.image).returncode == 0, f"image gone on {node}"
