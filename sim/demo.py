@@ -57,6 +57,8 @@ def main() -> int:
     stack = project.stack("sim")
     stack.set_config("kimipd:sshPrivateKey", auto.ConfigValue(
         value=Path(sim["KIMIPD_SIM_KEY"]).read_text(), secret=True))
+    # What the nodes really run (a container may have died or been removed since the last run).
+    stack.refresh()
     started = time.monotonic()
     result = stack.up(on_output=print)
     outputs = {key: value.value for key, value in result.outputs.items()}
