@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import shlex
+import signal
 import subprocess
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from tests.conftest import REPO
 
@@ -32,6 +36,23 @@ class SimCluster:
                                command], capture_output=True, text=True, timeout=timeout,
                               input=stdin, check=False)
 
+    def copy(self, node: str, source: Path, destination: str) -> subprocess.CompletedProcess:
+        with source.open("rb") as stream:
+            return subprocess.run(["ssh", "-F", self.env["KIMIPD_SIM_SSH_CONFIG"], f"root@{node}",
+                                   f"cat > {shlex.quote(destination)}"], stdin=stream,
+                                  capture_output=True, timeout=120, check=False)
+
+    def stop_dockerd(self, number: int) -> None:
+        """Stop node N's dockerd only (the nodes share one process space: no pkill)."""
+        pid = int(Path(f"/run/kimipd-sim/node{number}/dockerd.pid").read_text())
+        os.kill(pid, signal.SIGTERM)
+        for _ in range(100):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+
     def docker(self, node: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
         return self.ssh(node, shlex.join(["docker", *args]), timeout=timeout)
 
@@ -55,6 +76,12 @@ def start_sim() -> SimCluster:
     env = {k: v for k, v in (item.split("=", 1) for item in exports if "=" in item)
            if k.startswith("KIMIPD_SIM_")}
     return SimCluster(env=env, started_here=started_here)
+
+
+def restart_sim() -> None:
+    """`sim/sim up` again: restarts whatever a test stopped (idempotent for the rest)."""
+    result = _sim("up")
+    assert result.returncode == 0, result.stderr[-4000:]
 
 
 def stop_sim(cluster: SimCluster) -> None:

@@ -66,25 +66,15 @@ class Deployment:
         self.nodes = [node.address for node in config.nodes]
 
     def prepare_nodes(self) -> None:
-        node_files = {f.destination: Path(f.source).expanduser() for f in self.config.node_files}
+        """What NodeAssets and RemoteImage do: dirs, scripts, node files, the image."""
         verify_node_file_sources(self.config.node_files, Path.cwd())
+        files = {f"{NODE_ASSET_DIR}/{s}": ASSETS_DIR / s for s in NODE_SCRIPTS}
+        files |= {f.destination: Path(f.source).expanduser() for f in self.config.node_files}
         for node in self.nodes:
             self.check(node, self.sim.ssh(node, prepare_dirs_command(self.config)), "dirs")
-            files = {f"{NODE_ASSET_DIR}/{s}": ASSETS_DIR / s for s in NODE_SCRIPTS} | node_files
             for destination, source in files.items():
-                self.check(node, self.sim.ssh(node, f"cat > {shlex.quote(destination)}",
-                                              stdin=source.read_text(errors="surrogateescape")
-                                              if source.suffix != ".whl" else None)
-                           if source.suffix != ".whl" else self.copy_binary(node, source, destination),
-                           f"copy {destination}")
+                self.check(node, self.sim.copy(node, source, destination), f"copy {destination}")
             self.check(node, self.sim.docker(node, "pull", "--quiet", self.sim.image), "pull")
-
-    def copy_binary(self, node: str, source: Path, destination: str):
-        import subprocess
-        with source.open("rb") as stream:
-            return subprocess.run(["ssh", "-F", self.sim.env["KIMIPD_SIM_SSH_CONFIG"],
-                                   f"root@{node}", f"cat > {shlex.quote(destination)}"],
-                                  stdin=stream, capture_output=True, text=True, timeout=120)
 
     @staticmethod
     def check(node: str, result, what: str) -> None:
@@ -197,8 +187,9 @@ def test_each_rank_ran_its_rendered_command(deployed) -> None:
 def test_mooncake_master_is_the_real_one(deployed) -> None:
     deployment, run = deployed
     master = run["master"]
-    top = deployment.sim.docker(master.node, "top", master.name)
-    assert "mooncake_master" in top.stdout and "--rpc_port 50051" in top.stdout
+    processes = deployment.sim.docker(master.node, "exec", master.name, "ps", "-eo", "args")
+    assert "mooncake_master --rpc_port 50051 --rpc_address 10.231.60.1" in processes.stdout, (
+        processes.stdout + processes.stderr)
 
 
 def test_a_prefill_rank_dying_while_loading_fails_the_gate_with_its_log(sim: SimCluster) -> None:

@@ -18,7 +18,7 @@ from pulumi import automation as auto
 
 from tests.conftest import stack_values
 from sim.automation import REQUIRED_PLUGINS, Project, engine_env, installed_plugins
-from tests.integration.sim import SimCluster, start_sim, stop_sim
+from tests.integration.sim import SimCluster, restart_sim, start_sim, stop_sim
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -74,9 +74,8 @@ class Events:
         for phase, payload in (("pre", event.resource_pre_event),
                                ("done", event.res_outputs_event)):
             if payload is not None:
-                self.steps.append((phase, str(payload.metadata.op.value
-                                              if hasattr(payload.metadata.op, "value")
-                                              else payload.metadata.op), payload.metadata.urn))
+                self.steps.append((phase, auto.OpType(payload.metadata.op).value,
+                                   payload.metadata.urn))
 
     def changed(self) -> set[str]:
         """Names of resources with any step other than `same`."""
@@ -106,36 +105,17 @@ CONTAINER = "docker:index/container:Container"
 
 
 def test_preflight_failure_stops_before_any_container(project: Project, sim: SimCluster) -> None:
-    dockerd = Path("/run/kimipd-sim/node3/dockerd.pid")
     stack = new_stack(project, sim, "preflight", sim_values(sim))
-    subprocess_kill(dockerd)
+    sim.stop_dockerd(3)
     try:
         with pytest.raises(auto.CommandError) as error:
             stack.up()
         message = str(error.value)
         assert "preflight failed on node 10.231.60.3: docker: docker engine does not answer" in message
     finally:
-        restart_sim_nodes()
+        restart_sim()
     assert container_ids(sim) == {}, "a container was started although node 3 failed preflight"
     stack.destroy()
-
-
-def subprocess_kill(pidfile: Path) -> None:
-    import os
-    import signal
-    pid = int(pidfile.read_text())
-    os.kill(pid, signal.SIGTERM)
-    for _ in range(100):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-
-
-def restart_sim_nodes() -> None:
-    from tests.integration.sim import _sim
-    assert _sim("up").returncode == 0
 
 
 def test_prefill_rank_exiting_while_loading_fails_the_gate(project: Project, sim: SimCluster) -> None:
