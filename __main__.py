@@ -7,15 +7,17 @@ import pulumi
 from components.assets import verify_node_file_sources
 from components.cluster import Cluster
 from components.config import ConfigError, load_cluster_config
+from components.host_keys import resolve_host_keys
 from components.stack_config import ssh_private_key, stack_config_values
 
 # Everything is checked before the first resource is registered: a bad stack touches nothing.
 try:
     config = load_cluster_config(stack_config_values())
     digests = verify_node_file_sources(config.node_files, Path.cwd())
+    host_keys = resolve_host_keys(config)
 except ConfigError as error:
     raise pulumi.RunError(str(error)) from None
 
-cluster = Cluster("kimi-k3-pd", config, ssh_private_key(), digests)
+cluster = Cluster("kimi-k3-pd", config, ssh_private_key(), digests, host_keys)
 for key, value in cluster.outputs.items():
     pulumi.export(key, value)

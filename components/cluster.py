@@ -16,11 +16,12 @@ class Cluster(pulumi.ComponentResource):
     """Every node prepared; with `serving`, every container started in order and smoke-tested."""
 
     def __init__(self, name: str, cfg: ClusterConfig, private_key: pulumi.Input[str] | None,
-                 node_file_digests: dict[str, str],
+                 node_file_digests: dict[str, str], host_keys: dict[str, str | None],
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("kimipd:cluster:Cluster", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        self.nodes = {node.address: Node(cfg, node, private_key, opts=child) for node in cfg.nodes}
+        self.nodes = {node.address: Node(cfg, node, private_key, host_keys[node.address], opts=child)
+                      for node in cfg.nodes}
         self.outputs: dict[str, object] = {
             "mooncakeMaster": f"{cfg.mooncake_master.node}:{cfg.mooncake_master.rpc_port}",
             "serving": cfg.serving,

@@ -205,8 +205,11 @@ class SmokeTestSpec(_Model):
 
 
 class ConnectionSpec(_Model):
-    # Extra `ssh` options for the docker provider (it runs the system ssh client):
-    # e.g. ["-o", "UserKnownHostsFile=...", "-o", "StrictHostKeyChecking=yes"].
+    # known_hosts file on the machine running Pulumi: pins every node's host key for both the
+    # command provider and the docker provider's ssh. Unset: only nodes[].hostKey is checked.
+    known_hosts_file: str | None = None
+    # Extra `ssh` options for the docker provider (it runs the system ssh client), e.g.
+    # ["-o", "IdentityFile=~/.ssh/kimipd"]: paths only, never a key.
     docker_ssh_opts: list[str] = []
     dial_error_limit: int = Field(default=10, ge=1)
     per_dial_timeout_seconds: int = Field(default=15, ge=1)

@@ -8,18 +8,18 @@ import pulumi_docker as docker
 
 from .assets import ASSETS_DIR, NodeAssets
 from .config import ClusterConfig, NodeSpec
-from .render import preflight_command
+from .render import docker_ssh_opts, preflight_command
 
 
-def ssh_connection(cfg: ClusterConfig, node: NodeSpec,
-                   private_key: pulumi.Input[str] | None) -> command.remote.ConnectionArgsDict:
+def ssh_connection(cfg: ClusterConfig, node: NodeSpec, private_key: pulumi.Input[str] | None,
+                   host_key: str | None) -> command.remote.ConnectionArgsDict:
     return {
         "host": node.address,
         "port": node.ssh_port,
         "user": node.ssh_user,
         # A Pulumi secret (or None: then the provider uses SSH_AUTH_SOCK's agent).
         "private_key": private_key,
-        "host_key": node.host_key,
+        "host_key": host_key,
         "dial_error_limit": cfg.connection.dial_error_limit,
         "per_dial_timeout": cfg.connection.per_dial_timeout_seconds,
     }
@@ -33,13 +33,13 @@ class Node(pulumi.ComponentResource):
     image_digest: pulumi.Output[str]
 
     def __init__(self, cfg: ClusterConfig, node: NodeSpec,
-                 private_key: pulumi.Input[str] | None,
+                 private_key: pulumi.Input[str] | None, host_key: str | None,
                  opts: pulumi.ResourceOptions | None = None) -> None:
         name = node.resource_name
         super().__init__("kimipd:node:Node", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self.address = node.address
-        self.connection = ssh_connection(cfg, node, private_key)
+        self.connection = ssh_connection(cfg, node, private_key, host_key)
 
         prepared: list[pulumi.Resource] = []
         if cfg.preflight.enabled:
@@ -57,7 +57,7 @@ class Node(pulumi.ComponentResource):
         self.provider = docker.Provider(
             f"{name}-docker",
             host=f"ssh://{node.ssh_user}@{node.address}:{node.ssh_port}",
-            ssh_opts=cfg.connection.docker_ssh_opts,
+            ssh_opts=docker_ssh_opts(cfg),
             opts=child,
         )
         self.image = docker.RemoteImage(

@@ -160,6 +160,15 @@ def router_url(cfg: ClusterConfig) -> str:
 # -- commands run on the node over SSH ----------------------------------------------------------
 
 
+def docker_ssh_opts(cfg: ClusterConfig) -> list[str]:
+    """Options for the docker provider's `ssh`: the pinned host keys first, then the operator's."""
+    pinned = []
+    if cfg.connection.known_hosts_file is not None:
+        pinned = ["-o", f"UserKnownHostsFile={cfg.connection.known_hosts_file}",
+                  "-o", "StrictHostKeyChecking=yes"]
+    return pinned + list(cfg.connection.docker_ssh_opts)
+
+
 def _shell(argv: list[str]) -> str:
     return " ".join(shlex.quote(arg) for arg in argv)
 

@@ -102,12 +102,21 @@ class RecordingMonitor(mocks.MockMonitor):
         return response
 
 
-def with_local_node_files(values: dict, directory: Path) -> dict:
-    """Point nodeFiles' sources at small files made for the test (destinations unchanged)."""
+def host_key_of(address: str) -> str:
+    """A made-up ed25519 public key per address (the mocks never dial)."""
+    return "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI" + hashlib.sha256(address.encode()).hexdigest()[:43]
+
+
+def with_local_files(values: dict, directory: Path) -> dict:
+    """Point nodeFiles' sources and the known_hosts file at files made for the test."""
     for node_file in values.get("nodeFiles", []):
         source = directory / Path(node_file["destination"]).name
         source.write_bytes(b"content of " + source.name.encode())
         node_file["source"] = str(source)
+    known_hosts = directory / "known_hosts"
+    known_hosts.write_text("".join(f"{n['address']} {host_key_of(n['address'])}\n"
+                                   for n in values["nodes"]))
+    values.setdefault("connection", {})["knownHostsFile"] = str(known_hosts)
     return values
 
 

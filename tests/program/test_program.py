@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import stack_values
-from tests.program.harness import PRIVATE_KEY, SECRET_SIG, SIG_KEY, Run, run_program, with_local_node_files
+from tests.program.harness import (
+    PRIVATE_KEY, SECRET_SIG, SIG_KEY, Run, host_key_of, run_program, with_local_files)
 
 pytestmark = pytest.mark.timeout(120)  # the SDK's threads can hang under mocks (pulumi#7663)
 
@@ -20,7 +21,7 @@ CONTAINER = "docker:index/container:Container"
 
 @pytest.fixture
 def values(tmp_path: Path) -> dict:
-    return with_local_node_files(stack_values("pro6000"), tmp_path)
+    return with_local_files(stack_values("pro6000"), tmp_path)
 
 
 @pytest.fixture
@@ -42,6 +43,16 @@ def test_each_node_has_its_own_docker_provider_over_ssh(run: Run) -> None:
     providers = {p.name: p.inputs["host"] for p in run.of_type("pulumi:providers:docker")}
     assert providers == {f"node-174-1-60-{i}-docker": f"ssh://root@174.1.60.{i}:22"
                          for i in range(1, 9)}
+
+
+def test_host_keys_are_pinned_for_both_providers(run: Run, values: dict) -> None:
+    for provider in run.of_type("pulumi:providers:docker"):
+        opts = json.loads(provider.inputs["sshOpts"])  # provider config arrives as JSON text
+        assert opts[:4] == ["-o", f"UserKnownHostsFile={values['connection']['knownHostsFile']}",
+                            "-o", "StrictHostKeyChecking=yes"], provider.name
+    for command in run.of_type("command:remote:Command"):
+        connection = command.inputs["connection"]["value"]  # the connection is a secret
+        assert connection["hostKey"] == host_key_of(connection["host"]), command.name
 
 
 def test_images_are_kept_on_destroy(run: Run) -> None:
