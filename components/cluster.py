@@ -7,7 +7,7 @@ import pulumi
 from .config import ClusterConfig
 from .mooncake import MooncakeMaster
 from .node import Node
-from .render import router_url
+from .render import group_endpoint, mooncake_master_address, router_url
 from .router import Router, SmokeTest
 from .serving import ServingGroup
 
@@ -23,13 +23,13 @@ class Cluster(pulumi.ComponentResource):
         self.nodes = {node.address: Node(cfg, node, private_key, host_keys[node.address], opts=child)
                       for node in cfg.nodes}
         self.outputs: dict[str, object] = {
-            "mooncakeMaster": f"{cfg.mooncake_master.node}:{cfg.mooncake_master.rpc_port}",
+            "mooncakeMaster": mooncake_master_address(cfg),
             "serving": cfg.serving,
             "restartGeneration": cfg.restart_generation,
             "groups": {
                 group_name: {
                     "mode": group.mode,
-                    "endpoint": f"http://{group.rank0}:{group.http_port}",
+                    "endpoint": group_endpoint(group),
                     "bootstrapPort": group.bootstrap_port,
                     "nodes": list(group.nodes),
                 }

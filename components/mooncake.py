@@ -10,7 +10,7 @@ from .config import ClusterConfig
 from .containers import node_container
 from .gates import HealthGate
 from .node import Node
-from .render import mooncake_master_plan
+from .render import mooncake_master_address, mooncake_master_plan
 
 
 class MooncakeMaster(pulumi.ComponentResource):
@@ -27,6 +27,5 @@ class MooncakeMaster(pulumi.ComponentResource):
         self.container = node_container(plan, node, depends_on=wait_for, parent=self)
         self.gate = HealthGate(f"{plan.role}-ready", cfg, node, plan, [self.container],
                                opts=pulumi.ResourceOptions(parent=self))
-        self.address = pulumi.Output.from_input(
-            f"{cfg.mooncake_master.node}:{cfg.mooncake_master.rpc_port}")
+        self.address = pulumi.Output.from_input(mooncake_master_address(cfg))
         self.register_outputs({"address": self.address})

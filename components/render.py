@@ -133,6 +133,10 @@ def mooncake_master_command(cfg: ClusterConfig) -> list[str]:
     ]
 
 
+def mooncake_master_address(cfg: ClusterConfig) -> str:
+    return f"{cfg.mooncake_master.node}:{cfg.mooncake_master.rpc_port}"
+
+
 def mooncake_master_health_url(cfg: ClusterConfig) -> str:
     master = cfg.mooncake_master
     return f"http://{master.node}:{master.metrics_port}/health"
