@@ -171,6 +171,9 @@ class Standin:
 
         self.lock = threading.Lock()
         self.loaded = threading.Event()
+        # Set once the ready banner is printed: /health turns 200 only after it, as in SGLang,
+        # so a log read after a 200 always shows the banner.
+        self.announced = threading.Event()
         self.start_time = time.time()
         self.ready_since: Optional[float] = None
         self.broken: Optional[str] = None
@@ -210,6 +213,8 @@ class Standin:
             return "loading model"
         if not self.all_prefill_registered():
             return "waiting for prefill ranks to register with the bootstrap server"
+        if not self.announced.is_set():
+            return "warming up"
         return None
 
     # ---------------- info dicts
@@ -1130,6 +1135,7 @@ def run(args) -> int:
             st.ready_since = time.time()
             log(f"{READY_BANNER} (stand-in: node rank 0 of {st.nnodes}, "
                 f"{st.mode} mode, http://{_url_host(a.host)}:{a.port})")
+            st.announced.set()
     else:
         member = GroupMember(st)
         member.connect()
