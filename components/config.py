@@ -10,8 +10,10 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Iterable, Mapping
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
+
+import yaml
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -37,9 +39,6 @@ class _Model(BaseModel):
         alias_generator=to_camel,
         populate_by_name=True,
     )
-
-
-Port = Field(ge=1, le=65535)
 
 
 class NodeSpec(_Model):
@@ -523,6 +522,11 @@ def load_cluster_config(raw: Mapping[str, Any]) -> ClusterConfig:
             else:
                 lines.append(f"{key}: {item['input']!r}: {item['msg']}.")
         raise ConfigError("invalid kimipd stack configuration:\n  " + "\n  ".join(lines)) from None
+
+
+def read_stack_file(path: Path) -> dict[str, Any]:
+    """The `kimipd:*` values of a `Pulumi.<stack>.yaml` file (see stack_file_values)."""
+    return stack_file_values(yaml.safe_load(path.read_text()))
 
 
 def stack_file_values(stack_yaml: Mapping[str, Any]) -> dict[str, Any]:

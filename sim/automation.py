@@ -22,16 +22,26 @@ from pulumi import automation as auto
 REPO = Path(__file__).resolve().parent.parent
 
 
+def sourced_env(shell: str) -> dict[str, str]:
+    """The environment after running SHELL (e.g. sourcing an env file) in bash."""
+    exported = subprocess.run(["bash", "-c", f"{shell} && env -0"], capture_output=True,
+                              check=True).stdout.decode().split("\0")
+    return dict(item.split("=", 1) for item in exported if "=" in item)
+
+
+def sim_exports() -> dict[str, str]:
+    """The KIMIPD_SIM_* values `sim/sim env` prints (key, known_hosts, image, ssh config)."""
+    exported = sourced_env(f'eval "$({REPO / "sim" / "sim"} env)"')
+    return {key: value for key, value in exported.items() if key.startswith("KIMIPD_SIM_")}
+
+
 def engine_env() -> dict[str, str]:
     """PATH/PULUMI_HOME/PULUMI_BIN for the CLI that scripts/install-pulumi provides (built if needed)."""
     result = subprocess.run([str(REPO / "scripts" / "install-pulumi"), "--cli-only"],
                             capture_output=True, text=True, check=False, timeout=3000)
     assert result.returncode == 0, f"install-pulumi failed:\n{result.stderr[-3000:]}"
     env_file = result.stdout.strip().splitlines()[-1]
-    exported = subprocess.run(
-        ["bash", "-c", f". {env_file} && export PULUMI_BIN=$(command -v pulumi) && env -0"],
-        capture_output=True, check=True).stdout.decode().split("\0")
-    env = dict(item.split("=", 1) for item in exported if "=" in item)
+    env = sourced_env(f". {env_file} && export PULUMI_BIN=$(command -v pulumi)")
     keys = ("PATH", "PULUMI_HOME", "PULUMI_SKIP_UPDATE_CHECK",
             "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION", "PULUMI_BIN")
     return {key: env[key] for key in keys if key in env}

@@ -16,8 +16,9 @@ from pathlib import Path
 
 from pulumi import automation as auto
 
-from components.config import stack_file_values
-from sim.automation import REPO, REQUIRED_PLUGINS, Project, engine_env, installed_plugins
+from components.config import read_stack_file
+from sim.automation import (
+    REPO, REQUIRED_PLUGINS, Project, engine_env, installed_plugins, sim_exports)
 
 CACHE = Path(os.environ.get("KIMIPD_CACHE", Path.home() / ".cache" / "kimipd"))
 SIM = REPO / "sim" / "sim"
@@ -25,11 +26,9 @@ SIM = REPO / "sim" / "sim"
 
 def sim_env() -> dict[str, str]:
     subprocess.run([str(SIM), "up"], check=True)
+    # Nothing may be sent to 10.231.60.x unless the sim's bridge carries it.
     subprocess.run([str(SIM), "status"], check=True, stdout=subprocess.DEVNULL)
-    exports = subprocess.run(["bash", "-c", f'eval "$({SIM} env)" && env -0'],
-                             capture_output=True, check=True).stdout.decode().split("\0")
-    return {k: v for k, v in (item.split("=", 1) for item in exports if "=" in item)
-            if k.startswith("KIMIPD_SIM_")}
+    return sim_exports()
 
 
 def generate(url: str, text: str) -> dict:
@@ -51,9 +50,9 @@ def main() -> int:
               file=sys.stderr)
         return 2
     sim = sim_env()
-    yaml_values = stack_file_values(__import__("yaml").safe_load((REPO / "Pulumi.sim.yaml").read_text()))
     project = Project(CACHE / "demo", env)
-    project.write_stack("sim", yaml_values | {"image": sim["KIMIPD_SIM_IMAGE"]})
+    project.write_stack("sim", read_stack_file(REPO / "Pulumi.sim.yaml")
+                        | {"image": sim["KIMIPD_SIM_IMAGE"]})
     stack = project.stack("sim")
     stack.set_config("kimipd:sshPrivateKey", auto.ConfigValue(
         value=Path(sim["KIMIPD_SIM_KEY"]).read_text(), secret=True))

@@ -7,16 +7,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from components.config import stack_file_values
+from components.config import read_stack_file
 
 REPO = Path(__file__).resolve().parent.parent
 STACK_FILES = sorted(REPO.glob("Pulumi.*.yaml"))
 
 
 def stack_values(stack: str) -> dict[str, Any]:
-    return stack_file_values(yaml.safe_load((REPO / f"Pulumi.{stack}.yaml").read_text()))
+    return read_stack_file(REPO / f"Pulumi.{stack}.yaml")
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sim.automation import sim_exports
 from tests.conftest import REPO
 
 SIM = REPO / "sim" / "sim"
@@ -71,11 +72,7 @@ def start_sim() -> SimCluster:
     status = _sim("status")
     # Nothing may be sent to 10.231.60.x unless the sim's bridge carries it.
     assert status.returncode == 0, f"the sim is not up:\n{status.stdout}{status.stderr}"
-    exports = subprocess.run(["bash", "-c", f'eval "$({SIM} env)" && env -0'],
-                             capture_output=True, check=True).stdout.decode().split("\0")
-    env = {k: v for k, v in (item.split("=", 1) for item in exports if "=" in item)
-           if k.startswith("KIMIPD_SIM_")}
-    return SimCluster(env=env, started_here=started_here)
+    return SimCluster(env=sim_exports(), started_here=started_here)
 
 
 def restart_sim() -> None:
