@@ -6,7 +6,7 @@ import pulumi
 
 from components.assets import verify_node_file_sources
 from components.cluster import Cluster
-from components.config import ConfigError, load_cluster_config
+from components.config import ConfigError, config_warnings, load_cluster_config
 from components.host_keys import resolve_host_keys
 from components.stack_config import ssh_private_key, stack_config_values
 
@@ -17,6 +17,8 @@ try:
     host_keys = resolve_host_keys(config)
 except ConfigError as error:
     raise pulumi.RunError(str(error)) from None
+for warning in config_warnings(config):
+    pulumi.log.warn(warning)
 
 cluster = Cluster("kimi-k3-pd", config, ssh_private_key(), digests, host_keys)
 for key, value in cluster.outputs.items():

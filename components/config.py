@@ -18,13 +18,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from . import versions
+from .cli_spec import CliTable, router_table, sglang_table
+
 CONFIG_NAMESPACE = "kimipd"
 # Keys read with `Config.get_secret`; they never enter the model (and so never enter a rendering).
 SECRET_KEYS = frozenset({"sshPrivateKey"})
 
-# Mooncake PR #2035 (dmabuf registration at the allocation base) first shipped in 0.3.12.post1;
-# the image's 0.3.11.post1 fails GDR registration on this hardware.
-MIN_MOONCAKE_VERSION = "0.3.12.post1"
+MIN_MOONCAKE_VERSION = versions.MOONCAKE_MIN
 MOONCAKE_WHEEL_PREFIX = "mooncake_transfer_engine"
 
 
@@ -274,6 +275,7 @@ class ClusterConfig(_Model):
             *_no_expandable_segments(self),
             *_compute_network_only(self),
             *_no_nixl(self),
+            *_extra_args_parse(self),
             *_mooncake_new_enough(self),
             *_router_policy(self),
             *_ports_do_not_collide(self),
@@ -399,10 +401,61 @@ def _no_nixl(cfg: ClusterConfig) -> Iterable[str]:
         elif group.transfer_backend != "mooncake":
             yield (f"groups.{name}.transferBackend: {group.transfer_backend!r} is not supported "
                    "by this program; use 'mooncake'.")
-        for index, arg in enumerate(group.extra_args):
-            if arg.startswith("--disaggregation-transfer-backend"):
-                yield (f"groups.{name}.extraArgs[{index}]: {arg!r} overrides the transfer "
-                       f"backend; set groups.{name}.transferBackend instead.")
+
+
+# Flags the program renders from the model. Given again in extraArgs, argparse keeps the last
+# occurrence, so the cluster would run something other than what config, preview and the stack
+# outputs say. dest -> the key that sets it ({group} is the group's key prefix).
+MANAGED_SGLANG_FLAGS = {
+    "model_path": "model.path",
+    "served_model_name": "model.servedModelName",
+    "disaggregation_mode": "{group}.mode",
+    "disaggregation_transfer_backend": "{group}.transferBackend",
+    "disaggregation_bootstrap_port": "{group}.bootstrapPort",
+    "disaggregation_ib_device": "network.rdmaDevices",
+    "tp_size": "{group}.tpSize",
+    "ep_size": "{group}.epSize",
+    "nnodes": "{group}.nodes",
+    "node_rank": "{group}.nodes (rank order)",
+    "dist_init_addr": "{group}.distInitPort (the host is the group's first node)",
+    "host": "nothing: every rank binds 0.0.0.0 so decode reaches prefill's bootstrap server",
+    "port": "{group}.httpPort",
+}
+MANAGED_ROUTER_FLAGS = {
+    "pd_disaggregation": "nothing: the router always runs in PD mode",
+    "mini_lb": "router.kind",
+    "policy": "router.policy",
+    "prefill": "groups (every prefill group is passed with its bootstrap port)",
+    "decode": "groups (every decode group is passed)",
+    "host": "router.host",
+    "port": "router.port",
+}
+
+
+def _extra_args_problems(key: str, args: list[str], table: CliTable,
+                         managed: Mapping[str, str]) -> Iterable[str]:
+    complaint = table.check(args)
+    if complaint is not None:
+        yield (f"{key}: {args!r} is refused by {table.label}'s own parser ({complaint}); fix "
+               f"the flag or its value (the launch would exit with status 2 on the node).")
+    for occurrence in table.occurrences(args):
+        setter = managed.get(occurrence.option.dest)
+        if setter is not None:
+            canonical = occurrence.option.options[0]
+            yield (f"{key}[{occurrence.index}]: {occurrence.written!r} sets {canonical}, which "
+                   f"the program renders itself (the last occurrence wins, so the cluster would "
+                   f"run something other than config, preview and outputs say); remove it and "
+                   f"set {setter}.")
+
+
+def _extra_args_parse(cfg: ClusterConfig) -> Iterable[str]:
+    for name, group in cfg.groups.items():
+        managed = {dest: setter.format(group=f"groups.{name}")
+                   for dest, setter in MANAGED_SGLANG_FLAGS.items()}
+        yield from _extra_args_problems(f"groups.{name}.extraArgs", group.extra_args,
+                                        sglang_table(), managed)
+    yield from _extra_args_problems("router.extraArgs", cfg.router.extra_args, router_table(),
+                                    MANAGED_ROUTER_FLAGS)
 
 
 _VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?$")
@@ -460,7 +513,8 @@ def _router_policy(cfg: ClusterConfig) -> Iterable[str]:
 
 
 def _ports_do_not_collide(cfg: ClusterConfig) -> Iterable[str]:
-    """Every listening port a process binds, per node; SGLang rank 0 also binds dist-init+1..+7."""
+    """Every listening port a process binds, per node. Every rank binds --port (rank 0 the API,
+    ranks >= 1 SGLang's dummy health server); rank 0 also binds dist-init+1..+7."""
     bound: dict[tuple[str, int], str] = {}
     problems = []
 
@@ -474,7 +528,8 @@ def _ports_do_not_collide(cfg: ClusterConfig) -> Iterable[str]:
     bind(master.node, master.rpc_port, "mooncakeMaster.rpcPort")
     bind(master.node, master.metrics_port, "mooncakeMaster.metricsPort")
     for name, group in cfg.groups.items():
-        bind(group.rank0, group.http_port, f"groups.{name}.httpPort")
+        for address in group.nodes:
+            bind(address, group.http_port, f"groups.{name}.httpPort")
         if group.mode == "prefill":
             bind(group.rank0, group.bootstrap_port, f"groups.{name}.bootstrapPort")
         if len(group.nodes) > 1:
@@ -491,6 +546,46 @@ def _node_files_distinct(cfg: ClusterConfig) -> Iterable[str]:
             yield (f"nodeFiles[{index}].destination: {node_file.destination!r} appears twice; "
                    "each destination once.")
         seen.add(node_file.destination)
+
+
+# -- warnings: deployable, but probably not what the operator meant ---------------------------
+
+FLASH_KDA_WHEEL_PREFIX = "flash_kda"
+# SGLang uses flash_kda only when a linear-attention backend flag selects it (default: triton).
+FLASH_KDA_FLAGS = ("linear_attn_backend", "linear_attn_prefill_backend",
+                   "linear_attn_decode_backend")
+
+
+def flag_values(args: list[str], dest: str) -> list[str]:
+    """Every value ARGS gives the SGLang option with this dest (`--flag v` and `--flag=v`)."""
+    values = []
+    for occurrence in sglang_table().occurrences(args):
+        if occurrence.option.dest != dest:
+            continue
+        if "=" in occurrence.written:
+            values.append(occurrence.written.split("=", 1)[1])
+        elif occurrence.index + 1 < len(args):
+            values.append(args[occurrence.index + 1])
+    return values
+
+
+def config_warnings(cfg: ClusterConfig) -> list[str]:
+    """What `pulumi preview` should say before it deploys this stack."""
+    warnings = []
+    shipped = [(i, f) for i, f in enumerate(cfg.node_files)
+               if f.is_wheel and f.file_name.startswith(FLASH_KDA_WHEEL_PREFIX)]
+    selecting = [name for name, group in cfg.groups.items()
+                 if any("flashkda" in flag_values(group.extra_args, dest)
+                        for dest in FLASH_KDA_FLAGS)]
+    for index, node_file in shipped:
+        if not selecting:
+            warnings.append(
+                f"nodeFiles[{index}]: {node_file.file_name!r} is installed in every container, "
+                "but no group selects it, so SGLang runs its default linear-attention backend "
+                "(triton); to use it add `--linear-attn-prefill-backend flashkda` (or "
+                "`--linear-attn-backend flashkda`) to groups.<name>.extraArgs, or remove the "
+                "wheel from nodeFiles.")
+    return warnings
 
 
 # -- loading ---------------------------------------------------------------------------------
