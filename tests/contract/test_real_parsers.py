@@ -1,0 +1,215 @@
+"""Contract: what the program renders is what the pinned SGLang and sglang-router accept.
+
+Every argv of every stack file in the repository (and of the edits below) goes through the real
+parsers of the releases in components/versions.py, installed `--no-deps` in their own cached venv
+(scripts/setup-real-sglang, run by scripts/test before pytest). The parse must succeed, and the
+values the real parser ends up with must be the ones the model says: a rendered flag that a later
+one silently overrides fails here too.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components import versions
+from components.cli_spec import router_table, sglang_table
+from components.config import ClusterConfig, load_cluster_config
+from components.render import router_command, sglang_launch_args
+from tests.conftest import REPO, STACK_FILES, stack_values
+
+UPSTREAM = REPO / "sim" / "standin" / "sglang_standin" / "upstream.py"
+LAUNCHER_WORDS = 3  # `python3 -m sglang.launch_server` / `python3 -m sglang_router.launch_router`
+
+
+@pytest.fixture(scope="module")
+def real_python() -> Path:
+    venv = os.environ.get("KIMIPD_REAL_SGLANG_VENV")
+    assert venv, ("KIMIPD_REAL_SGLANG_VENV is unset: run the tests through scripts/test, or "
+                  "export KIMIPD_REAL_SGLANG_VENV=$(scripts/setup-real-sglang)")
+    python = Path(venv) / "bin" / "python"
+    assert python.exists(), f"{python} is missing: run scripts/setup-real-sglang"
+    return python
+
+
+def real_parse(python: Path, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    # cwd outside the repo: the stand-in's `sglang` shim must not shadow the real package.
+    result = subprocess.run([str(python), str(UPSTREAM), "parse-many"], cwd="/tmp",
+                            input=json.dumps(requests), capture_output=True, text=True,
+                            timeout=300, check=True)
+    return json.loads(result.stdout)
+
+
+def edited_stacks() -> dict[str, ClusterConfig]:
+    """Every stack file, plus the edits the other tests make to them."""
+    stacks = {path.name: load_cluster_config(stack_values(path.name[7:-5])) for path in STACK_FILES}
+    pro6000 = stack_values("pro6000")
+    edits = {
+        "decode-only edit": lambda v: v["groups"]["decode"].update(
+            extraArgs=["--mem-fraction-static", "0.8", "--max-running-requests", "32"]),
+        "rust router, round robin": lambda v: v["router"].update(
+            kind="rust", policy="round_robin", extraArgs=["--request-timeout-secs", "600"]),
+        "flashkda selected, abbreviations": lambda v: v["groups"]["prefill"].update(
+            extraArgs=["--linear-attn-prefill-backend=flashkda", "--mem-frac", "0.85"]),
+        "gid index and other ports": lambda v: (v["network"].update(ibGidIndex=3),
+                                                v["groups"]["decode"].update(httpPort=30001)),
+        "no served model name": lambda v: v["model"].pop("servedModelName"),
+    }
+    for label, edit in edits.items():
+        values = copy.deepcopy(pro6000)
+        edit(values)
+        stacks[f"pro6000 + {label}"] = load_cluster_config(values)
+    return stacks
+
+
+STACKS = edited_stacks()
+
+
+def rendered_requests(cfg: ClusterConfig) -> list[dict[str, Any]]:
+    requests = [{"kind": "server", "argv": sglang_launch_args(cfg, name, rank)[LAUNCHER_WORDS:],
+                 "group": name, "rank": rank}
+                for name, group in cfg.groups.items() for rank in range(len(group.nodes))]
+    requests.append({"kind": "router", "argv": router_command(cfg)[LAUNCHER_WORDS:]})
+    return requests
+
+
+def expected_server_values(cfg: ClusterConfig, name: str, rank: int) -> dict[str, Any]:
+    group = cfg.groups[name]
+    return {
+        "model_path": cfg.model.path,
+        "served_model_name": cfg.model.served_model_name,
+        "disaggregation_mode": group.mode,
+        "disaggregation_transfer_backend": group.transfer_backend,
+        "disaggregation_bootstrap_port": group.bootstrap_port,
+        "disaggregation_ib_device": ",".join(cfg.network.rdma_devices),
+        "tp_size": group.tp_size,
+        "ep_size": group.ep_size,
+        "nnodes": len(group.nodes),
+        "node_rank": rank,
+        "dist_init_addr": f"{group.rank0}:{group.dist_init_port}",
+        "host": "0.0.0.0",
+        "port": group.http_port,
+    }
+
+
+def expected_router_values(cfg: ClusterConfig) -> dict[str, Any]:
+    return {
+        "pd_disaggregation": True,
+        "mini_lb": cfg.router.kind == "mini-lb",
+        "prefill": [[f"http://{g.rank0}:{g.http_port}", str(g.bootstrap_port)]
+                    for g in cfg.groups_in_mode("prefill").values()],
+        "decode": [[f"http://{g.rank0}:{g.http_port}"] for g in cfg.groups_in_mode("decode").values()],
+        "host": cfg.router.host,
+        "port": cfg.router.port,
+    }
+
+
+@pytest.mark.parametrize("stack", sorted(STACKS))
+def test_every_rendered_argv_parses_to_the_models_values(real_python: Path, stack: str) -> None:
+    cfg = STACKS[stack]
+    requests = rendered_requests(cfg)
+    for request, answer in zip(requests, real_parse(real_python, requests), strict=True):
+        where = (f"{stack}: {request.get('group', 'router')} rank {request.get('rank', 0)}: "
+                 f"{' '.join(request['argv'])}")
+        assert answer["ok"], f"{where}\n  refused: {answer['error']}"
+        assert answer["versions"] == {"sglang": versions.SGLANG,
+                                      "sglang-router": versions.SGLANG_ROUTER}
+        if request["kind"] == "server":
+            expected = expected_server_values(cfg, request["group"], request["rank"])
+        else:
+            expected = expected_router_values(cfg)
+            if cfg.router.kind == "rust":
+                expected["policy"] = cfg.router.policy
+        differs = {key: (answer["values"].get(key), value) for key, value in expected.items()
+                   if answer["values"].get(key) != value}
+        assert not differs, f"{where}\n  parsed (got, want): {differs}"
+
+
+def test_a_wrong_flag_or_value_fails_the_contract(real_python: Path) -> None:
+    """The check has teeth: a renderer that emitted these would fail the test above."""
+    cfg = STACKS["Pulumi.pro6000.yaml"]
+    decode = cfg.groups["decode"]
+    broken = {
+        "unknown flag": [*decode.extra_args, "--enable-ep-moe"],
+        "bad choice": [*decode.extra_args, "--kv-cache-dtype", "fp9"],
+        "bad type": [*decode.extra_args, "--max-running-requests", "many"],
+    }
+    requests = []
+    for extra in broken.values():
+        wrong = cfg.model_copy(update={"groups": {
+            **cfg.groups, "decode": decode.model_copy(update={"extra_args": extra})}})
+        requests.append({"kind": "server", "argv": sglang_launch_args(wrong, "decode", 0)[3:]})
+    answers = real_parse(real_python, requests)
+    assert [a["ok"] for a in answers] == [False, False, False]
+    assert "unrecognized arguments: --enable-ep-moe" in answers[0]["error"]
+    assert "invalid choice: 'fp9'" in answers[1]["error"]
+    assert "invalid int value: 'many'" in answers[2]["error"]
+
+
+def test_option_tables_match_the_real_parsers(real_python: Path) -> None:
+    """components/cli_tables/ (what preview validates extraArgs with) is the real parsers' own."""
+    for table, flag in ((sglang_table(), []), (router_table(), ["--router"])):
+        dump = json.loads(subprocess.run(
+            [str(real_python), str(UPSTREAM), "options", *flag], cwd="/tmp",
+            capture_output=True, text=True, timeout=300, check=True).stdout)
+        real = {tuple(o["options"]): o for o in dump["options"]}
+        committed = {option.options: option for option in table.options}
+        assert set(real) == set(committed), (
+            f"{table.label}: options differ; run scripts/dump-cli-tables. Only real: "
+            f"{sorted(set(real) - set(committed))[:10]}, only committed: "
+            f"{sorted(set(committed) - set(real))[:10]}")
+        for options, option in committed.items():
+            want = real[options]
+            got = {"dest": option.dest, "nargs": option.nargs, "takes_value": option.takes_value,
+                   "choices": list(option.choices) if option.choices is not None else None,
+                   "type": option.type}
+            assert got == {key: want[key] for key in got}, f"{table.label} {options[0]}"
+
+
+# extraArgs an operator might write: preview's verdict must be the real parser's.
+EXTRA_ARGS_CORPUS = [
+    ["--mem-fraction-static", "0.85"],
+    ["--mem-fraction-static=0.85"],
+    ["--mem-frac", "0.85"],
+    ["--mem-fraction-static", "high"],
+    ["--max-running-requests", "64", "--chunked-prefill-size", "16384"],
+    ["--kv-cache-dtype", "fp8_e4m3"],
+    ["--kv-cache-dtype", "fp8"],
+    ["--attention-backend", "flashinfer"],
+    ["--attention-backend", "flash"],
+    ["--moe-a2a-backend", "deepep"],
+    ["--moe-a2a-backend", "mooncake"],
+    ["--load-format", "auto"],
+    ["--load-format", "safetensor"],
+    ["--linear-attn-prefill-backend", "flashkda"],
+    ["--linear-attn-backend", "flash_kda"],
+    ["--disable-radix-cache"],
+    ["--disable"],
+    ["--enable-ep-moe"],
+    ["--cuda-graph-max-bs", "64"],
+    ["--cuda-graph-bs", "1", "2", "4", "8"],
+    ["--watchdog-timeout", "600"],
+    ["--context-length", "131072", "--enable-metrics"],
+    ["--chunked-prefill-size"],
+    ["--log-level", "debug"],
+]
+
+
+def test_preview_verdicts_on_extra_args_match_the_real_parser(real_python: Path) -> None:
+    table = sglang_table()
+    base = ["--model-path", "/data/models/Kimi-K3"]
+    answers = real_parse(real_python, [{"kind": "server", "argv": base + extra}
+                                       for extra in EXTRA_ARGS_CORPUS])
+    disagreements = [
+        (extra, table.check(extra), answer["error"])
+        for extra, answer in zip(EXTRA_ARGS_CORPUS, answers, strict=True)
+        if (table.check(extra) is None) != answer["ok"]
+    ]
+    assert not disagreements, disagreements
+    assert sum(not answer["ok"] for answer in answers) >= 8  # the corpus has teeth both ways
