@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # A readiness gate: runs on the node of the container it waits for, polls URL until HTTP 200.
-# Fails at once if the container stops running, or after TIMEOUT seconds; on failure prints the
-# last 100 lines of the container's log so `pulumi up` shows why.
+# Fails at once if the container stops running, or after TIMEOUT seconds; on failure names the
+# node and the container and prints the last 100 lines of its log, so `pulumi up` shows which
+# rank died and why.
 #
-# usage: wait-healthy.sh --url URL --container NAME --timeout SECONDS --interval SECONDS
+# usage: wait-healthy.sh --url URL --container NAME --node ADDRESS --timeout SECONDS
+#                        --interval SECONDS
 set -uo pipefail
 
-url="" container="" timeout=1800 interval=10
+url="" container="" node="this node" timeout=1800 interval=10
 while (($# > 0)); do
   case "$1" in
     --url) url="$2" ;;
     --container) container="$2" ;;
+    --node) node="$2" ;;
     --timeout) timeout="$2" ;;
     --interval) interval="$2" ;;
     *) echo "wait-healthy.sh: unknown option '$1'" >&2; exit 2 ;;
@@ -19,7 +22,7 @@ while (($# > 0)); do
 done
 
 log_tail() {
-  echo "last 100 lines of ${container}:" >&2
+  echo "last 100 lines of ${container} on ${node}:" >&2
   docker logs --tail 100 "${container}" 2>&1 | sed 's/^/  | /' >&2
 }
 
@@ -34,12 +37,12 @@ while true; do
   state=$(docker inspect --format '{{.State.Status}} (exit code {{.State.ExitCode}})' \
     "${container}" 2>/dev/null || echo "missing")
   if [[ "${state}" != running* ]]; then
-    echo "${container}: not running: ${state}; ${url} answered ${code}" >&2
+    echo "${container} on ${node}: not running: ${state}; ${url} answered ${code}" >&2
     log_tail
     exit 1
   fi
   if ((elapsed >= timeout)); then
-    echo "${container}: not healthy after ${elapsed}s (${url} answered ${code})" >&2
+    echo "${container} on ${node}: not healthy after ${elapsed}s (${url} answered ${code})" >&2
     log_tail
     exit 1
   fi

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import pulumi
 import pulumi_command as command
@@ -14,25 +14,30 @@ from .render import ContainerPlan, wait_healthy_command
 
 
 class HealthGate(pulumi.ComponentResource):
-    """Polls the plan's health URL from the container's own node until HTTP 200; fails with
-    the container's log tail.
+    """Ready when every container it stands for answers its health URL with HTTP 200.
 
-    It polls on the node because only the node is sure to reach the compute network and the
-    container's log. Its triggers are the ids of every container it stands for (all ranks of a
-    group): a replaced or recreated rank runs the gate again, a no-op `up` runs nothing.
+    One check per container, each polling on that container's own node: only the node is sure to
+    reach the compute network and the container's state and log, so a rank that died fails its
+    own check with its node, container and log tail. For a group that is every rank: rank 0's
+    /health (warmed up) and each other rank's dummy /health (its model loaded). Every check is
+    triggered by the ids of all the group's containers: a replaced rank re-runs the whole gate,
+    a no-op `up` runs nothing.
     """
 
-    def __init__(self, name: str, cfg: ClusterConfig, node: Node, plan: ContainerPlan,
-                 containers: Sequence[docker.Container],
+    def __init__(self, name: str, cfg: ClusterConfig, nodes: Mapping[str, Node],
+                 plans: Sequence[ContainerPlan], containers: Sequence[docker.Container],
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("kimipd:gates:HealthGate", name, None, opts)
-        assert plan.health_url is not None, f"{plan.role} serves no HTTP to gate on"
-        self.check = command.remote.Command(
-            f"{name}-check",
-            connection=node.connection,
-            create=wait_healthy_command(cfg, plan.health_url, plan.name),
-            triggers=[container.id for container in containers],
-            opts=pulumi.ResourceOptions(parent=self, depends_on=list(containers)),
-        )
-        self.url = plan.health_url
-        self.register_outputs({"url": self.url})
+        container_ids = [container.id for container in containers]
+        self.checks = [
+            command.remote.Command(
+                f"{plan.role}-health",
+                connection=nodes[plan.node].connection,
+                create=wait_healthy_command(cfg, plan),
+                triggers=container_ids,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=list(containers)),
+            )
+            for plan in plans
+        ]
+        self.urls = [plan.health_url for plan in plans]
+        self.register_outputs({"urls": self.urls})

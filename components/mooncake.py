@@ -25,7 +25,7 @@ class MooncakeMaster(pulumi.ComponentResource):
         super().__init__("kimipd:mooncake:MooncakeMaster", plan.role, None, opts)
         node = nodes[plan.node]
         self.container = node_container(plan, node, depends_on=wait_for, parent=self)
-        self.gate = HealthGate(f"{plan.role}-ready", cfg, node, plan, [self.container],
+        self.gate = HealthGate(f"{plan.role}-ready", cfg, nodes, [plan], [self.container],
                                opts=pulumi.ResourceOptions(parent=self))
         self.address = pulumi.Output.from_input(mooncake_master_address(cfg))
         self.register_outputs({"address": self.address})

@@ -110,8 +110,11 @@ def sglang_env(cfg: ClusterConfig, group_name: str, rank: int) -> dict[str, str]
     }
 
 
-def health_url(group: GroupSpec) -> str:
-    return f"http://{group.rank0}:{group.http_port}/health"
+def health_url(group: GroupSpec, rank: int = 0) -> str:
+    """Rank 0: the API's /health (200 once warmed up). Ranks >= 1: the dummy health server SGLang
+    starts on --host:--port once that rank's model is loaded (engine.py,
+    `launch_dummy_health_check_server`)."""
+    return f"http://{group.nodes[rank]}:{group.http_port}/health"
 
 
 def group_endpoint(group: GroupSpec) -> str:
@@ -196,11 +199,12 @@ def preflight_command(cfg: ClusterConfig, address: str, script: str) -> str:
     return f"{_shell(argv)} <<'KIMIPD_PREFLIGHT'\n{script}KIMIPD_PREFLIGHT"
 
 
-def wait_healthy_command(cfg: ClusterConfig, url: str, container: str) -> str:
+def wait_healthy_command(cfg: ClusterConfig, plan: ContainerPlan) -> str:
     return _shell([
         "bash", WAIT_HEALTHY_SCRIPT,
-        "--url", url,
-        "--container", container,
+        "--url", plan.health_url,
+        "--container", plan.name,
+        "--node", plan.node,
         "--timeout", str(cfg.gates.timeout_seconds),
         "--interval", str(cfg.gates.interval_seconds),
     ])
@@ -250,11 +254,11 @@ class ContainerPlan:
     shm_size_mb: int
     ulimits: dict[str, int]
     restart: str
-    health_url: str | None  # what its gate polls; None for ranks >= 1 (no HTTP server)
+    health_url: str  # what its gate polls on its node
 
 
 def _plan(cfg: ClusterConfig, role: str, node: str, command: list[str], env: dict[str, str],
-          health: str | None, gpu_workload: bool) -> ContainerPlan:
+          health: str, gpu_workload: bool) -> ContainerPlan:
     settings = cfg.container
     return ContainerPlan(
         role=role,
@@ -286,7 +290,7 @@ def sglang_rank_plan(cfg: ClusterConfig, group_name: str, rank: int) -> Containe
     group = cfg.groups[group_name]
     return _plan(cfg, rank_role(group_name, rank), group.nodes[rank],
                  sglang_command(cfg, group_name, rank), sglang_env(cfg, group_name, rank),
-                 health_url(group) if rank == 0 else None, gpu_workload=True)
+                 health_url(group, rank), gpu_workload=True)
 
 
 def router_plan(cfg: ClusterConfig) -> ContainerPlan:

@@ -26,7 +26,7 @@ class Router(pulumi.ComponentResource):
         super().__init__("kimipd:router:Router", plan.role, None, opts)
         node = nodes[plan.node]
         self.container = node_container(plan, node, depends_on=wait_for, parent=self)
-        self.gate = HealthGate(f"{plan.role}-ready", cfg, node, plan, [self.container],
+        self.gate = HealthGate(f"{plan.role}-ready", cfg, nodes, [plan], [self.container],
                                opts=pulumi.ResourceOptions(parent=self))
         self.url = pulumi.Output.from_input(router_url(cfg))
         self.register_outputs({"url": self.url})
@@ -48,7 +48,8 @@ class SmokeTest(pulumi.ComponentResource):
             "smoke-test-generate",
             connection=node.connection,
             create=smoke_test_command(cfg),
-            triggers=[router.container.id, *[gate.check.id for gate in gates]],
+            triggers=[router.container.id,
+                      *[check.id for gate in gates for check in gate.checks]],
             opts=pulumi.ResourceOptions(parent=self, depends_on=[router.gate, *gates]),
         )
         self.text = self.request.stdout.apply(smoke_test_text)

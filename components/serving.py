@@ -14,7 +14,8 @@ from .render import group_endpoint, sglang_rank_plan
 
 
 class ServingGroup(pulumi.ComponentResource):
-    """One container per rank; ready when rank 0 (the only rank serving HTTP) answers /health."""
+    """One container per rank; ready when rank 0 answers /health and every other rank its dummy
+    /health (SGLang starts it once that rank has loaded its model)."""
 
     endpoint: pulumi.Output[str]
 
@@ -28,7 +29,7 @@ class ServingGroup(pulumi.ComponentResource):
             node_container(plan, nodes[plan.node], depends_on=wait_for, parent=self)
             for plan in plans
         ]
-        self.gate = HealthGate(f"{name}-ready", cfg, nodes[group.rank0], plans[0],
-                               self.containers, opts=pulumi.ResourceOptions(parent=self))
+        self.gate = HealthGate(f"{name}-ready", cfg, nodes, plans, self.containers,
+                               opts=pulumi.ResourceOptions(parent=self))
         self.endpoint = pulumi.Output.from_input(group_endpoint(group))
         self.register_outputs({"endpoint": self.endpoint})

@@ -85,7 +85,7 @@ class Deployment:
         self.check(plan.node, result, f"docker run {plan.role}")
 
     def gate(self, plan: ContainerPlan):
-        return self.sim.ssh(plan.node, wait_healthy_command(self.config, plan.health_url, plan.name))
+        return self.sim.ssh(plan.node, wait_healthy_command(self.config, plan))
 
     def start_group(self, name: str) -> list[ContainerPlan]:
         plans = [sglang_rank_plan(self.config, name, rank)

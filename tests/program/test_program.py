@@ -108,10 +108,20 @@ def test_nothing_starts_before_every_node_is_prepared(run: Run) -> None:
 
 
 def test_gates_rerun_only_when_a_container_of_theirs_is_replaced(run: Run) -> None:
-    check = run.named("decode-ready-check")
+    check = run.named("decode-r0-health")
     assert check.inputs["triggers"] == [f"decode-r{rank}-id" for rank in range(4)]
     assert "/opt/kimipd/wait-healthy.sh" in check.inputs["create"]
     assert "http://174.1.60.5:30000/health" in check.inputs["create"]
+
+
+def test_every_rank_is_gated_on_its_own_node(run: Run) -> None:
+    """A dead rank >= 1 fails its own check, with its node, container and log tail."""
+    for rank, node in enumerate(["174.1.60.5", "174.1.60.6", "174.1.60.7", "174.1.60.8"]):
+        check = run.named(f"decode-r{rank}-health")
+        assert check.inputs["connection"]["value"]["host"] == node, rank
+        assert f"--url http://{node}:30000/health" in check.inputs["create"], rank
+        assert f"--container kimipd-decode-r{rank} --node {node}" in check.inputs["create"], rank
+        assert run.waits_for(run.containers()["router"], check), rank
 
 
 def test_containers_wait_for_their_node_to_be_prepared(run: Run) -> None:

@@ -118,11 +118,12 @@ def test_gate_passes_once_healthy(health_server, tmp_path: Path) -> None:
 
 def test_gate_fails_fast_with_the_log_tail_when_the_container_exits(health_server, tmp_path: Path) -> None:
     url, _ = health_server
-    result = bash("wait-healthy.sh", "--url", url, "--container", "kimipd-prefill-r0",
-                  "--timeout", "30", "--interval", "1", env=fake_docker(tmp_path, "exited (exit code 1)"))
+    result = bash("wait-healthy.sh", "--url", url, "--container", "kimipd-prefill-r2",
+                  "--node", "174.1.60.3", "--timeout", "30", "--interval", "1",
+                  env=fake_docker(tmp_path, "exited (exit code 1)"))
     assert result.returncode == 1
-    assert "kimipd-prefill-r0: not running: exited (exit code 1)" in result.stderr
-    assert "last 100 lines of kimipd-prefill-r0:" in result.stderr
+    assert "kimipd-prefill-r2 on 174.1.60.3: not running: exited (exit code 1)" in result.stderr
+    assert "last 100 lines of kimipd-prefill-r2 on 174.1.60.3:" in result.stderr
     assert "  | RuntimeError: CUDA out of memory" in result.stderr
 
 
@@ -131,7 +132,7 @@ def test_gate_times_out(health_server, tmp_path: Path) -> None:
     result = bash("wait-healthy.sh", "--url", url, "--container", "kimipd-decode-r0",
                   "--timeout", "2", "--interval", "1", env=fake_docker(tmp_path, "running (exit code 0)"))
     assert result.returncode == 1
-    assert "kimipd-decode-r0: not healthy after" in result.stderr and "answered 503" in result.stderr
+    assert "kimipd-decode-r0 on this node: not healthy after" in result.stderr and "answered 503" in result.stderr
 
 
 # -- container entry point ----------------------------------------------------------------------

@@ -146,11 +146,13 @@ def test_preflight_checks_can_be_turned_off(pro6000: dict) -> None:
 
 
 def test_gate_line(pro6000: dict) -> None:
-    argv = shlex.split(wait_healthy_command(load_cluster_config(pro6000),
-                                            "http://174.1.60.5:30000/health", "kimipd-decode-r0"))
+    from components.render import sglang_rank_plan
+
+    config = load_cluster_config(pro6000)
+    argv = shlex.split(wait_healthy_command(config, sglang_rank_plan(config, "decode", 2)))
     assert argv == ["bash", "/opt/kimipd/wait-healthy.sh", "--url",
-                    "http://174.1.60.5:30000/health", "--container", "kimipd-decode-r0",
-                    "--timeout", "1800", "--interval", "10"]
+                    "http://174.1.60.7:30000/health", "--container", "kimipd-decode-r2",
+                    "--node", "174.1.60.7", "--timeout", "1800", "--interval", "10"]
 
 
 def test_smoke_test_posts_the_runbook_body(pro6000: dict) -> None:
@@ -173,7 +175,8 @@ def test_container_plans(pro6000: dict) -> None:
     rank0, rank2 = sglang_rank_plan(config, "decode", 0), sglang_rank_plan(config, "decode", 2)
     assert (rank0.node, rank0.name, rank0.health_url) == (
         "174.1.60.5", "kimipd-decode-r0", "http://174.1.60.5:30000/health")
-    assert (rank2.node, rank2.health_url) == ("174.1.60.7", None)  # ranks >= 1 serve no HTTP
+    # Ranks >= 1: SGLang's dummy health server on --port, up once the rank has loaded.
+    assert (rank2.node, rank2.health_url) == ("174.1.60.7", "http://174.1.60.7:30000/health")
     assert (rank0.gpus, rank0.devices, rank0.capabilities) == ("all", ["/dev/infiniband"], ["IPC_LOCK"])
     assert rank0.restart == "no" and rank0.privileged is False
     router, master = router_plan(config), mooncake_master_plan(config)
