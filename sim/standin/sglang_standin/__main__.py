@@ -1,3 +1,3 @@
-from .server import main
+from .lifecycle import main
 
 main()

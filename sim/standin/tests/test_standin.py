@@ -18,6 +18,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -27,9 +28,13 @@ STANDIN_DIR = Path(__file__).resolve().parents[1]
 if str(STANDIN_DIR) not in sys.path:
     sys.path.insert(0, str(STANDIN_DIR))
 
-from sglang_standin.server import READY_BANNER, generate_words  # noqa: E402
+from sglang_standin import args as standin_args  # noqa: E402
+from sglang_standin.generation import generate_words  # noqa: E402
+from sglang_standin.lifecycle import READY_BANNER  # noqa: E402
 
 HOST = "127.0.0.1"
+FALLBACK_NOTICE = ("stand-in: real SGLang parser not installed; using the fallback parser "
+                   "(37 flags, no abbreviations)")
 LOAD_SECONDS = "0.5"
 HAVE_ROUTER = importlib.util.find_spec("sglang_router") is not None
 needs_router = pytest.mark.skipif(
@@ -40,6 +45,11 @@ needs_router = pytest.mark.skipif(
 
 # ------------------------------------------------------------------------------------------------
 # helpers
+
+
+def rank_host(rank: int) -> str:
+    """Each rank of a group on its own loopback address, as on its own node: same --port."""
+    return HOST if rank == 0 else f"127.0.0.{rank + 1}"
 
 
 def free_port() -> int:
@@ -125,13 +135,14 @@ class Launcher:
 
     def group(self, name: str, mode: str, nnodes: int = 2, env: Optional[Dict[str, str]] = None,
               start_ranks: Optional[List[int]] = None):
-        """Start an nnodes group; all ranks get the same flags except --node-rank."""
+        """Start an nnodes group; all ranks get the same flags except --node-rank and --host
+        (each rank's own address, see rank_host)."""
         port, dist, boot = free_port(), free_port(), free_port()
         flags = [
             "--model-path", str(self.model_dir), "--trust-remote-code",
             "--tp-size", str(8 * nnodes), "--ep-size", str(8 * nnodes),
             "--nnodes", str(nnodes), "--dist-init-addr", f"{HOST}:{dist}",
-            "--host", HOST, "--port", str(port),
+            "--port", str(port),
             "--disaggregation-mode", mode, "--disaggregation-transfer-backend", "mooncake",
             "--disaggregation-bootstrap-port", str(boot),
             "--disaggregation-ib-device", "mlx5_0,mlx5_1",
@@ -142,9 +153,10 @@ class Launcher:
             "--disable-radix-cache", "--skip-server-warmup", "--enable-metrics",
         ]
         ranks = range(nnodes) if start_ranks is None else start_ranks
-        procs = {r: self.server(f"{name}{r}", flags + ["--node-rank", str(r)], env) for r in ranks}
+        procs = {r: self.server(f"{name}{r}", rank_flags(flags, r), env) for r in ranks}
         g = {"port": port, "dist": dist, "boot": boot, "flags": flags, "procs": procs,
-             "url": f"http://{HOST}:{port}", "name": name}
+             "url": f"http://{HOST}:{port}", "name": name,
+             "rank_urls": {r: f"http://{rank_host(r)}:{port}" for r in range(nnodes)}}
         return g
 
     def stop_all(self):
@@ -158,6 +170,10 @@ class Launcher:
             except subprocess.TimeoutExpired:
                 p.popen.kill()
                 p.popen.wait(timeout=5)
+
+
+def rank_flags(flags: List[str], rank: int) -> List[str]:
+    return flags + ["--host", rank_host(rank), "--node-rank", str(rank)]
 
 
 @pytest.fixture
@@ -193,7 +209,13 @@ def router_env() -> Dict[str, str]:
 
 
 def run_cli(args: List[str], timeout: float = 20) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(STANDIN_DIR), SGLANG_STANDIN_LOAD_SECONDS="0")
+    """The stand-in with its fallback parser (these tests pin that parser's strictness).
+
+    The real parser is only found at $SGLANG_STANDIN_REAL_SGLANG (upstream.py): pointing it at a
+    directory that does not exist keeps these tests off it wherever it is installed.
+    """
+    env = dict(os.environ, PYTHONPATH=str(STANDIN_DIR), SGLANG_STANDIN_LOAD_SECONDS="0",
+               SGLANG_STANDIN_REAL_SGLANG=str(STANDIN_DIR / "no-real-sglang-here"))
     return subprocess.run([sys.executable, "-m", "sglang.launch_server"] + args, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -204,6 +226,7 @@ def test_unknown_flag_exits_2_naming_it(flag):
     assert r.returncode == 2, r
     assert "error: unrecognized arguments" in r.stderr
     assert flag in r.stderr
+    assert r.stdout.count(FALLBACK_NOTICE) == 1, r.stdout
 
 
 @pytest.mark.parametrize(
@@ -229,6 +252,90 @@ def test_help_and_aliases():
     assert r.returncode == 0
     for flag in ("--disaggregation-bootstrap-port", "--tp-size", "--ep-size", "--dist-init-addr"):
         assert flag in r.stdout
+
+
+# The real parser, as upstream.parse_with_real_sglang answers (a fake: no SGLang needed here).
+
+
+@dataclass
+class FakeRealParse:
+    ok: bool
+    values: Dict[str, object] = field(default_factory=dict)
+    error: str = ""
+    version: str = "0.5.19"
+
+
+def real_values(**overrides) -> Dict[str, object]:
+    values: Dict[str, object] = {
+        "model_path": "/models/Kimi-K3", "served_model_name": None, "tokenizer_path": None,
+        "host": "0.0.0.0", "port": 30000, "tp_size": 32, "ep_size": 32, "dp_size": 1,
+        "nnodes": 4, "node_rank": 2, "dist_init_addr": "174.1.60.1:5757",
+        "disaggregation_mode": "decode", "disaggregation_transfer_backend": "mooncake",
+        "disaggregation_bootstrap_port": 8998, "enable_metrics": True,
+        "cuda_graph_bs_decode": [1, 2, 4],  # a dest only the real parser has
+    }
+    values.update(overrides)
+    return values
+
+
+def fake_real_parser(monkeypatch, answer: Optional[FakeRealParse]) -> List[List[str]]:
+    calls: List[List[str]] = []
+
+    def parse_with_real_sglang(argv: List[str]) -> Optional[FakeRealParse]:
+        calls.append(list(argv))
+        return answer
+
+    monkeypatch.setattr(standin_args, "parse_with_real_sglang", parse_with_real_sglang)
+    return calls
+
+
+def test_real_parser_values_are_what_the_standin_runs_with(monkeypatch, capsys):
+    calls = fake_real_parser(monkeypatch, FakeRealParse(ok=True, values=real_values()))
+    # a flag the fallback parser does not know: accepted because the real parser accepted it
+    argv = ["--model", "/models/Kimi-K3", "--cuda-graph-bs", "1", "2", "4"]
+    args = standin_args.parse_args(argv)
+    assert calls == [argv]
+    assert (args.tp_size, args.nnodes, args.node_rank, args.host) == (32, 4, 2, "0.0.0.0")
+    assert (args.dist_init_host, args.dist_init_port) == ("174.1.60.1", 5757)
+    assert args.served_model_name == args.tokenizer_path == "/models/Kimi-K3"
+    assert args.cuda_graph_bs_decode == [1, 2, 4]
+    # what the real parser did not set keeps the fallback parser's default
+    assert args.cuda_graph_bs is None and args.load_format == "auto" and args.page_size is None
+    out = capsys.readouterr().out
+    assert "flags parsed by the real SGLang 0.5.19 parser" in out
+    assert FALLBACK_NOTICE not in out
+
+
+def test_real_parser_ok_still_gets_the_standin_checks(monkeypatch, capsys):
+    fake_real_parser(monkeypatch, FakeRealParse(ok=True, values=real_values(tp_size=6)))
+    with pytest.raises(SystemExit) as stop:
+        standin_args.parse_args(["--model-path", "m"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "--tp-size (6) must be divisible by --nnodes (4)" in err
+    assert "usage:" not in err  # the fallback's usage is not what parsed these flags
+
+
+def test_real_parser_refusal_exits_2_with_its_message(monkeypatch, capsys):
+    error = "sglang serve: error: unrecognized arguments: --bogus"
+    fake_real_parser(monkeypatch, FakeRealParse(ok=False, error=error))
+    with pytest.raises(SystemExit) as stop:
+        standin_args.parse_args(["--model-path", "m", "--bogus"])
+    assert stop.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.err == error + "\n"
+    assert FALLBACK_NOTICE not in captured.out
+
+
+def test_without_the_real_parser_the_fallback_says_so_once(monkeypatch, capsys):
+    calls = fake_real_parser(monkeypatch, None)
+    args = standin_args.parse_args(["--model-path", "m", "--tp", "8"])
+    assert calls and args.tp_size == 8
+    assert capsys.readouterr().out.count(FALLBACK_NOTICE) == 1
+    with pytest.raises(SystemExit) as stop:  # and the fallback's own strictness holds
+        standin_args.parse_args(["--model-path", "m", "--model", "x"])
+    assert stop.value.code == 2
+    assert "unrecognized arguments: --model" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------------
@@ -291,13 +398,13 @@ def test_pd_groups_health_bootstrap_and_kv(launcher):
     time.sleep(1.0)
     code, text = http("GET", pg["url"] + "/health")
     assert code == 503 and "node ranks [1]" in text
-    # rank 1 gets the same flags (same --port too: it must not serve HTTP, so no bind clash)
-    pg["procs"][1] = launcher.server("prefill1", pg["flags"] + ["--node-rank", "1"])
+    pg["procs"][1] = launcher.server("prefill1", rank_flags(pg["flags"], 1))
     wait_healthy(pg)
     wait_healthy(dg)
     for g in (pg, dg):
         assert g["procs"][1].alive(), g["procs"][1].output()
-        assert "no HTTP server" in g["procs"][1].output()
+        wait_for(lambda: "Dummy health check server started" in g["procs"][1].output(), 10,
+                 f"{g['name']} rank 1 health server")
         assert READY_BANNER in g["procs"][0].output()
         assert READY_BANNER not in g["procs"][1].output()
 
@@ -351,7 +458,7 @@ def test_killing_rank1_breaks_group_for_good(launcher):
     assert "lost connection to node rank 1" in g["procs"][0].output()
     assert g["procs"][0].alive()
     # restarting only rank 1 does not heal the group: it is rejected and exits non-zero
-    r1 = launcher.server("decode1b", g["flags"] + ["--node-rank", "1"])
+    r1 = launcher.server("decode1b", rank_flags(g["flags"], 1))
     assert r1.popen.wait(timeout=15) != 0
     assert "rejected node rank 1" in r1.output()
     assert health(g["url"]) == 503
@@ -366,14 +473,17 @@ def test_rank0_watchdog_exits_after_losing_a_rank(launcher):
     assert "watchdog timeout (1s) after: lost connection to node rank 1" in g["procs"][0].output()
 
 
-def test_rank0_death_kills_rank1(launcher):
+def test_rank0_death_kills_rank1_and_its_health_server(launcher):
     g = launcher.group("prefill", "prefill")
     wait_healthy(g)
+    rank1 = g["rank_urls"][1]
+    wait_for(lambda: health(rank1) == 200, 10, "rank 1 dummy health")
     g["procs"][0].popen.send_signal(signal.SIGTERM)
     assert g["procs"][0].popen.wait(5) == 0
     rc = g["procs"][1].popen.wait(timeout=10)
     assert rc != 0
     assert "NCCL communicator was aborted" in g["procs"][1].output()
+    assert health(rank1) == -1  # the health server went with the process
 
 
 def test_rank1_waits_for_rank0_and_mismatched_args_are_rejected(launcher):
@@ -381,11 +491,11 @@ def test_rank1_waits_for_rank0_and_mismatched_args_are_rejected(launcher):
     time.sleep(1.5)
     assert g["procs"][1].alive()
     assert "waiting for rank 0" in g["procs"][1].output()
-    g["procs"][0] = launcher.server("decode0", g["flags"] + ["--node-rank", "0"])
+    g["procs"][0] = launcher.server("decode0", rank_flags(g["flags"], 0))
     wait_healthy(g)
     # a third process with another --disaggregation-mode tries to join as rank 1: rejected
     bad = [a if a != "decode" else "prefill" for a in g["flags"]]
-    r = launcher.server("intruder", bad + ["--node-rank", "1"])
+    r = launcher.server("intruder", rank_flags(bad, 1))
     assert r.popen.wait(timeout=15) == 1
     assert "every rank must get the same arguments" in r.output()
     assert health(g["url"]) == 200
@@ -404,6 +514,44 @@ def test_exit_while_loading_fault(launcher):
     assert code == 503 and "group broken" in text
     assert READY_BANNER not in g["procs"][0].output()
     assert g["procs"][0].alive()
+
+
+# ------------------------------------------------------------------------------------------------
+# ranks >= 1: SGLang 0.5.19's dummy health server (engine.py launch_dummy_health_check_server)
+
+
+def test_rank1_dummy_health_server_after_load_and_registration(launcher):
+    g = launcher.group("prefill", "prefill", env={"SGLANG_STANDIN_LOAD_SECONDS": "2"})
+    rank1, p1 = g["rank_urls"][1], g["procs"][1]
+    wait_for(lambda: "joined the group" in p1.output(), 15, "rank 1 joined")
+    assert "Load weight end" not in p1.output()
+    assert health(rank1) == -1  # loading: nothing listens on rank 1's --host:--port yet
+    wait_for(lambda: health(rank1) == 200, 15, "rank 1 dummy health")
+    out = p1.output()
+    assert out.index("Load weight end") < out.index("registered node rank 1 with")
+    assert out.index("registered node rank 1 with") < out.index("Dummy health check server")
+    for path in ("/health", "/health_generate", "/ping"):
+        assert http("GET", rank1 + path) == (200, ""), path
+    assert http("POST", rank1 + "/health")[0] == 405
+    for path in ("/get_server_info", "/v1/models", "/ready", "/nope"):
+        assert http("GET", rank1 + path)[0] == 404, path
+    assert http("POST", rank1 + "/generate", {"text": "hi"})[0] == 404
+    # --enable-metrics: SGLang mounts its Prometheus app on the dummy server too
+    code, text = http("GET", rank1 + "/metrics")
+    assert code == 200 and "sglang:num_running_reqs" in text
+    wait_healthy(g)
+    assert READY_BANNER not in p1.output()
+
+
+def test_rank1_health_server_bind_clash_keeps_the_rank(launcher):
+    # SGLang starts it on a daemon thread: a failed bind ends that thread, not the rank.
+    g = launcher.group("decode", "decode", start_ranks=[0])
+    p1 = launcher.server("decode1", g["flags"] + ["--host", HOST, "--node-rank", "1"])
+    wait_healthy(g)
+    wait_for(lambda: "error while attempting to bind" in p1.output(), 10, "rank 1 bind error")
+    assert "Dummy health check server started" not in p1.output()
+    time.sleep(0.5)
+    assert p1.alive() and health(g["url"]) == 200
 
 
 # ------------------------------------------------------------------------------------------------

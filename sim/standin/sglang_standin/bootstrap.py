@@ -1,0 +1,170 @@
+"""Prefill KV bootstrap: rank 0's bootstrap server and KV store, and its two clients.
+
+Prefill ranks >= 1 register with it (`PUT /route`); decode fetches each request's "KV" from it
+(`GET /kv/<room>`), as Mooncake moves the KV cache from prefill to decode in the real deployment.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any, Dict, Optional
+
+from .http_base import Handler, RequestError, url_host
+from .log import die, log
+
+if TYPE_CHECKING:
+    from .state import Standin
+
+# Nothing deletes a room once decode has read it: the bound keeps memory flat under long load.
+KV_STORE_CAPACITY = 10000
+
+
+class KVStore:
+    """What prefill "sent" for each bootstrap room, oldest dropped first."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._rooms: "OrderedDict[str, Dict[str, Any]]" = OrderedDict()
+
+    def put(self, room: Any, entry: Dict[str, Any]) -> None:
+        with self._lock:
+            self._rooms[str(room)] = entry
+            self._rooms.move_to_end(str(room))
+            while len(self._rooms) > KV_STORE_CAPACITY:
+                self._rooms.popitem(last=False)
+
+    def get(self, room: str) -> Optional[Dict[str, Any]]:
+        with self._lock:
+            return self._rooms.get(room)
+
+
+class BootstrapHandler(Handler):
+    """The bootstrap server of prefill rank 0, on --host:--disaggregation-bootstrap-port."""
+
+    kind = "bootstrap"
+
+    def route(self, method: str, path: str) -> None:
+        st = self.st
+        if method == "GET" and path == "/health":
+            self._send(200, "OK", "text/plain")
+            return
+        if method == "PUT" and path == "/route":
+            body = self._json_body()
+            try:
+                node_rank = int(body.get("node_rank", body.get("engine_rank")))
+            except (TypeError, ValueError):
+                raise RequestError(400, "registration needs an integer node_rank")
+            key = f"{body.get('role', 'Prefill')}:{node_rank}"
+            body["node_rank"] = node_rank
+            body["registered_at"] = time.time()
+            with st.lock:
+                st.registrations[key] = body
+            log(
+                f"bootstrap: registered prefill node rank {node_rank} "
+                f"(rank_ip={body.get('rank_ip')}) from {self.client_address[0]}"
+            )
+            self._send(200, "OK", "text/plain")
+            return
+        if method == "GET" and path == "/route":
+            with st.lock:
+                regs = sorted(st.registrations.values(), key=lambda r: r.get("node_rank", 0))
+            self._send(
+                200,
+                {
+                    "prefill_info": {
+                        "nnodes": st.nnodes,
+                        "tp_size": st.args.tp_size,
+                        "dp_size": st.args.dp_size,
+                        "page_size": st.args.page_size,
+                        "kv_cache_dtype": st.args.kv_cache_dtype,
+                        "transfer_backend": st.args.disaggregation_transfer_backend,
+                    },
+                    "registrations": regs,
+                },
+            )
+            return
+        if method == "GET" and path.startswith("/kv/"):
+            room = path[len("/kv/"):]
+            if st.kv_fail_reason:
+                raise RequestError(500, f"KV of room {room} unavailable: {st.kv_fail_reason}")
+            entry = st.kv.get(room)
+            if entry is None:
+                self._send(404, {"error": {"message": f"no KV for room {room}", "code": 404}})
+            else:
+                self._send(200, entry)
+            return
+        self._send(404, {"detail": "Not Found"})
+
+
+def register_with_bootstrap(st: "Standin", rank_ip: str) -> None:
+    """Prefill rank >= 1, once loaded: PUT /route on rank 0's bootstrap server, or exit 1."""
+    a = st.args
+    url = f"http://{url_host(a.dist_init_host)}:{a.disaggregation_bootstrap_port}/route"
+    body = json.dumps(
+        {
+            "role": "Prefill",
+            "node_rank": st.rank,
+            "engine_rank": st.rank,
+            "tp_size": a.tp_size,
+            "nnodes": st.nnodes,
+            "rank_ip": rank_ip,
+            "rank_port": a.dist_init_port,
+        }
+    ).encode("utf-8")
+    deadline = time.monotonic() + st.bootstrap_timeout
+    last_err = ""
+    while True:
+        req = urllib.request.Request(
+            url, data=body, method="PUT", headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                resp.read()
+            log(f"bootstrap: registered node rank {st.rank} with {url}")
+            return
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+            last_err = str(e)
+        if time.monotonic() >= deadline:
+            die(
+                f"ERROR: Failed to register node rank {st.rank} with the prefill bootstrap server "
+                f"{url} within {st.bootstrap_timeout:.0f}s: {last_err} (the bootstrap server runs "
+                "on rank 0, binds --host, and every rank needs the same "
+                "--disaggregation-bootstrap-port)"
+            )
+        if st.shutdown.wait(0.5):
+            return
+
+
+def fetch_kv(host: str, port: int, room: Any, wait_seconds: float) -> Dict[str, Any]:
+    """Decode side: the KV of `room` from prefill's bootstrap server, retried until it is there."""
+    url = f"http://{url_host(host)}:{port}/kv/{room}"
+    deadline = time.monotonic() + wait_seconds
+    delay = 0.02
+    last = "no attempt"
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=max(1.0, wait_seconds)) as resp:
+                return json.loads(resp.read().decode("utf-8"))
+        except urllib.error.HTTPError as e:
+            body = e.read().decode("utf-8", "replace")[:300]
+            last = f"HTTP {e.code} from {url}: {body}"
+            if e.code != 404:
+                break  # the prefill side reported a failure: do not wait for it
+        except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as e:
+            last = f"{type(e).__name__} from {url}: {e}"
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(delay)
+        delay = min(delay * 2, 0.25)
+    raise RequestError(
+        500,
+        f"Failed to receive kv chunk for room {room} from prefill bootstrap "
+        f"{host}:{port}: {last}",
+        "InternalServerError",
+    )

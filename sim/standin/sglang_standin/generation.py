@@ -1,0 +1,218 @@
+"""What the model "generates": deterministic words from the prompt, on prefill, decode or null.
+
+Prefill stores the prompt as the room's KV; decode fetches it from prefill's bootstrap server
+and derives its answer from what it received, so a wrong room or a failed transfer shows up in
+the answer, as it would with a real KV cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+
+from .bootstrap import fetch_kv
+from .http_base import RequestError, url_host
+
+if TYPE_CHECKING:
+    from .state import Standin
+
+MAX_GEN_WORDS = 4096
+DEFAULT_MAX_NEW_TOKENS = 128
+
+VOCAB = (
+    "the a of to and in is that for on with as it by at from this be are was kimi model token "
+    "prefill decode cache page batch expert layer router group node rank tensor stream reply "
+    "answer quick brown fox jumps over lazy dog sky river stone light sound cloud tree bird song "
+    "road city map time space field wave code data graph line point value"
+).split()
+
+
+def count_tokens(text: Optional[str], input_ids: Optional[List[int]]) -> int:
+    if input_ids is not None:
+        return len(input_ids)
+    return max(1, len((text or "").split()))
+
+
+def generate_words(prompt: str, n: int) -> str:
+    """Deterministic text of exactly n words derived from the prompt (sha256 stream)."""
+    n = max(0, min(int(n), MAX_GEN_WORDS))
+    words: List[str] = []
+    seed = hashlib.sha256(prompt.encode("utf-8", "surrogatepass")).digest()
+    block = 0
+    while len(words) < n:
+        digest = hashlib.sha256(seed + block.to_bytes(4, "big")).digest()
+        for b in digest:
+            if len(words) >= n:
+                break
+            words.append(VOCAB[b % len(VOCAB)])
+        block += 1
+    return " ".join(words)
+
+
+def _bootstrap_of(req: Dict[str, Any], i: Optional[int]) -> Tuple[Any, Any, Any]:
+    vals = []
+    for key in ("bootstrap_host", "bootstrap_port", "bootstrap_room"):
+        v = req.get(key)
+        if i is not None and isinstance(v, list):
+            v = v[i] if i < len(v) else None
+        vals.append(v)
+    return vals[0], vals[1], vals[2]
+
+
+def run_one(
+    st: "Standin",
+    text: Optional[str],
+    input_ids: Optional[List[int]],
+    max_new_tokens: int,
+    bhost: Any,
+    bport: Any,
+    broom: Any,
+) -> Dict[str, Any]:
+    """One sequence.  Returns {"text", "meta_info"}; raises RequestError."""
+    prompt = text if text is not None else " ".join(str(t) for t in (input_ids or []))
+    prompt_tokens = count_tokens(text, input_ids)
+    rid = uuid.uuid4().hex
+    meta: Dict[str, Any] = {"id": rid, "prompt_tokens": prompt_tokens, "cached_tokens": 0}
+    if st.mode == "null":
+        out = generate_words(prompt, max_new_tokens)
+        n = len(out.split()) if out else 0
+        meta.update(completion_tokens=n, finish_reason={"type": "length", "length": n})
+        return {"text": out, "meta_info": meta}
+
+    if broom is None or bhost is None:
+        raise RequestError(
+            400,
+            f"this is a {st.mode} server (--disaggregation-mode {st.mode}): requests need "
+            "bootstrap_host/bootstrap_room; send them through the PD router",
+        )
+    kv_transfer = {"bootstrap_host": bhost, "bootstrap_port": bport, "bootstrap_room": broom}
+
+    if st.mode == "prefill":
+        if st.kv_fail_reason:
+            raise RequestError(
+                500,
+                f"Failed to send kv chunk of room {broom}: {st.kv_fail_reason}",
+                "InternalServerError",
+            )
+        st.kv.put(
+            broom,
+            {
+                "bootstrap_room": broom,
+                "text": text,
+                "input_ids": input_ids,
+                "prompt_tokens": prompt_tokens,
+                "prefill_url": f"http://{url_host(st.args.host)}:{st.args.port}",
+                "node_ranks": list(range(st.nnodes)),
+                "created": time.time(),
+            },
+        )
+        meta.update(
+            completion_tokens=1,
+            finish_reason={"type": "length", "length": 1},
+            kv_transfer=dict(kv_transfer, role="prefill", status="sent"),
+        )
+        return {"text": "", "meta_info": meta}
+
+    # decode
+    if st.kv_fail_reason:
+        raise RequestError(
+            500,
+            f"Failed to receive kv chunk for room {broom}: {st.kv_fail_reason}",
+            "InternalServerError",
+        )
+    if st.args.disaggregation_transfer_backend == "fake":
+        kv = {"text": text, "input_ids": input_ids, "bootstrap_room": broom}
+    else:
+        port = bport if bport not in (None, "", "none") else st.args.disaggregation_bootstrap_port
+        try:
+            port = int(port)
+        except (TypeError, ValueError):
+            raise RequestError(400, f"invalid bootstrap_port {bport!r}")
+        kv_transfer["bootstrap_port"] = port
+        kv = fetch_kv(str(bhost), port, broom, st.kv_wait_seconds)
+        if kv.get("text") != text or kv.get("input_ids") != input_ids:
+            raise RequestError(
+                500,
+                f"KV of room {broom} from {bhost}:{port} does not match this request "
+                f"(prefill saw {str(kv.get('text'))[:80]!r})",
+                "InternalServerError",
+            )
+    kv_prompt = kv.get("text")
+    if kv_prompt is None:
+        kv_prompt = " ".join(str(t) for t in (kv.get("input_ids") or []))
+    out = generate_words(kv_prompt, max_new_tokens)
+    n = len(out.split()) if out else 0
+    meta.update(
+        completion_tokens=n,
+        finish_reason={"type": "length", "length": n},
+        kv_transfer=dict(kv_transfer, role="decode", status="received"),
+    )
+    return {"text": out, "meta_info": meta}
+
+
+def generate(st: "Standin", req: Dict[str, Any]) -> Any:
+    """POST /generate (single or batch)."""
+    text = req.get("text")
+    input_ids = req.get("input_ids")
+    sp = req.get("sampling_params") or {}
+    if isinstance(sp, list):
+        sp = sp[0] if sp else {}
+    max_new = sp.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
+    try:
+        max_new = int(max_new if max_new is not None else DEFAULT_MAX_NEW_TOKENS)
+    except (TypeError, ValueError):
+        raise RequestError(400, f"invalid max_new_tokens {max_new!r}")
+    if text is None and input_ids is None:
+        raise RequestError(400, "Either text or input_ids should be provided.")
+    if isinstance(text, list) or (
+        input_ids is not None and input_ids and isinstance(input_ids[0], list)
+    ):
+        seqs = text if isinstance(text, list) else [None] * len(input_ids)
+        ids = input_ids if input_ids is not None else [None] * len(seqs)
+        return [
+            run_one(st, t, x, max_new, *_bootstrap_of(req, i))
+            for i, (t, x) in enumerate(zip(seqs, ids))
+        ]
+    return run_one(st, text, input_ids, max_new, *_bootstrap_of(req, None))
+
+
+def completions(st: "Standin", req: Dict[str, Any], chat: bool) -> Dict[str, Any]:
+    """POST /v1/completions and /v1/chat/completions, on the same path as /generate."""
+    if chat:
+        msgs = req.get("messages") or []
+        parts = []
+        for m in msgs:
+            c = m.get("content") if isinstance(m, dict) else None
+            if isinstance(c, list):
+                c = " ".join(p.get("text", "") for p in c if isinstance(p, dict))
+            parts.append(f"{m.get('role', 'user') if isinstance(m, dict) else 'user'}: {c or ''}")
+        prompt = "\n".join(parts)
+    else:
+        prompt = req.get("prompt", "")
+        if isinstance(prompt, list):
+            prompt = " ".join(str(p) for p in prompt)
+    max_tokens = req.get("max_completion_tokens") or req.get("max_tokens") or 16
+    res = run_one(st, prompt, None, int(max_tokens), *_bootstrap_of(req, None))
+    meta = res["meta_info"]
+    usage = {
+        "prompt_tokens": meta["prompt_tokens"],
+        "completion_tokens": meta["completion_tokens"],
+        "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"],
+    }
+    base = {
+        "id": meta["id"],
+        "created": int(time.time()),
+        "model": req.get("model") or st.args.served_model_name,
+        "usage": usage,
+    }
+    if chat:
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": res["text"]},
+            "finish_reason": "length",
+        }
+        return dict(base, object="chat.completion", choices=[choice])
+    choice = {"index": 0, "text": res["text"], "finish_reason": "length", "logprobs": None}
+    return dict(base, object="text_completion", choices=[choice])

@@ -1,0 +1,102 @@
+"""The HTTP server on --host:--port: rank 0's full API, the dummy health server of ranks >= 1."""
+
+from __future__ import annotations
+
+from .generation import completions, generate
+from .http_base import Handler, RequestError
+
+
+class ApiHandler(Handler):
+    """Rank 0: SGLang's HTTP API; /health is 503 until the whole group is ready."""
+
+    kind = "api"
+
+    def route(self, method: str, path: str) -> None:
+        st = self.st
+        if method == "GET" and path in ("/health", "/health_generate", "/ready"):
+            reason = st.not_ready_reason()
+            if reason is None:
+                self._send(200)
+            else:
+                self._send(503, {"status": "unhealthy", "reason": reason})
+            return
+        if method == "GET" and path in ("/get_server_info", "/server_info"):
+            self._send(200, st.server_info())
+            return
+        if method == "GET" and path in ("/get_model_info", "/model_info"):
+            self._send(200, st.model_info())
+            return
+        if method == "GET" and path == "/v1/models":
+            self._send(200, st.models_list())
+            return
+        if method == "GET" and path in ("/get_load", "/get_loads"):
+            self._send(200, [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}])
+            return
+        if method == "GET" and path == "/metrics" and st.args.enable_metrics:
+            self._send(200, st.metrics_text(), "text/plain; version=0.0.4")
+            return
+        if method in ("GET", "POST") and path == "/flush_cache":
+            self._read_body()
+            self._send(200, "Cache flushed.\n", "text/plain")
+            return
+        if method == "POST" and path in ("/generate", "/v1/completions", "/v1/chat/completions"):
+            body = self._json_body()
+            reason = st.not_ready_reason()
+            if reason is not None:
+                raise RequestError(503, f"server not ready: {reason}", "ServiceUnavailableError")
+            with st.lock:
+                st.num_requests += 1
+            if path == "/generate":
+                res = generate(st, body)
+                if body.get("stream"):
+                    self._send_sse(res if isinstance(res, list) else [res])
+                else:
+                    self._send(200, res)
+                return
+            chat = path == "/v1/chat/completions"
+            res = completions(st, body, chat=chat)
+            if body.get("stream"):
+                choice = res["choices"][0]
+                if chat:
+                    delta = {"role": "assistant", "content": choice["message"]["content"]}
+                    ev = dict(res, object="chat.completion.chunk",
+                              choices=[{"index": 0, "delta": delta, "finish_reason": "length"}])
+                else:
+                    ev = dict(res, choices=[choice])
+                self._send_sse([ev])
+            else:
+                self._send(200, res)
+            return
+        self._send(404, {"detail": "Not Found"})
+
+
+DUMMY_HEALTH_PATHS = ("/health", "/health_generate", "/ping")
+
+
+class DummyHealthHandler(Handler):
+    """Ranks >= 1 once loaded: SGLang 0.5.19's `launch_dummy_health_check_server` (engine.py).
+
+    Its three GET routes answer 200 with no body whatever the group's state; FastAPI answers 405
+    to another method on them and 404 elsewhere. With --enable-metrics SGLang also mounts
+    /metrics there (the Prometheus multiprocess registry of that node's schedulers).
+    """
+
+    kind = "health"
+
+    def route(self, method: str, path: str) -> None:
+        if path in DUMMY_HEALTH_PATHS:
+            if method == "GET":
+                self._send(200)
+            else:
+                self._send(405, {"detail": "Method Not Allowed"})
+            return
+        if method == "GET" and path == "/metrics" and self.st.args.enable_metrics:
+            lbl = f'{{model_name="{self.st.args.served_model_name}"}}'
+            self._send(
+                200,
+                f"# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{lbl} 0\n"
+                f"# TYPE sglang:num_queue_reqs gauge\nsglang:num_queue_reqs{lbl} 0\n",
+                "text/plain; version=0.0.4",
+            )
+            return
+        self._send(404, {"detail": "Not Found"})
