@@ -110,6 +110,10 @@ class MooncakeMasterSpec(_Model):
     rpc_port: int = Field(default=50051, ge=1, le=65535)
     metrics_port: int = Field(default=9003, ge=1, le=65535)
     extra_args: list[str] = []
+    # The cuda13 wheel's mooncake_master links libcuda. The NVIDIA runtime with
+    # NVIDIA_VISIBLE_DEVICES=none mounts the driver libraries without giving it a GPU.
+    # null: the image's default runtime (a CPU-only master, as in the sim).
+    runtime: str | None = "nvidia"
 
 
 class NodeFileSpec(_Model):
@@ -192,6 +196,9 @@ class PreflightSpec(_Model):
     check_nvidia_runtime: bool = True
     disk_path: str = "/var/lib/docker"
     min_free_disk_gb: int = Field(default=200, ge=0)
+    # model.path's config.json on every rank's node, through the volume that mounts it; skipped
+    # when no volume covers model.path (the image may carry the model).
+    check_model: bool = True
 
 
 class GatesSpec(_Model):
@@ -261,6 +268,29 @@ class ClusterConfig(_Model):
         if self.router.node == address:
             roles.append("router")
         return roles
+
+    def ports_on(self, address: str) -> dict[int, str]:
+        """Every port this node's containers bind (host networking), in order -> the key that
+        sets it. Every rank binds --port (ranks >= 1 SGLang's dummy health server), prefill
+        rank 0 the bootstrap port, rank 0 of a multi-node group dist-init..+7."""
+        ports: dict[int, str] = {}
+        master = self.mooncake_master
+        if master.node == address:
+            ports[master.rpc_port] = "mooncakeMaster.rpcPort"
+            ports[master.metrics_port] = "mooncakeMaster.metricsPort"
+        for name, group in self.groups.items():
+            if address not in group.nodes:
+                continue
+            ports[group.http_port] = f"groups.{name}.httpPort"
+            if address == group.rank0 and group.mode == "prefill":
+                ports[group.bootstrap_port] = f"groups.{name}.bootstrapPort"
+            if address == group.rank0 and len(group.nodes) > 1:
+                for offset in range(8):
+                    suffix = f"+{offset}" if offset else ""
+                    ports[group.dist_init_port + offset] = f"groups.{name}.distInitPort{suffix}"
+        if self.router.node == address:
+            ports[self.router.port] = "router.port"
+        return dict(sorted(ports.items()))
 
     # -- the runbook's hard rules and the cross-field checks --------------------------------
 
@@ -364,13 +394,18 @@ def _all_env(cfg: ClusterConfig) -> Iterable[tuple[str, Mapping[str, str]]]:
 _EXPANDABLE = re.compile(r"expandable_segments\s*:\s*true", re.IGNORECASE)
 
 
+# PyTorch >= 2.9 reads PYTORCH_ALLOC_CONF too (the new name of PYTORCH_CUDA_ALLOC_CONF).
+ALLOCATOR_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+
 def _no_expandable_segments(cfg: ClusterConfig) -> Iterable[str]:
     for key, env in _all_env(cfg):
-        value = env.get("PYTORCH_CUDA_ALLOC_CONF", "")
-        if _EXPANDABLE.search(value):
-            yield (f"{key}.PYTORCH_CUDA_ALLOC_CONF: {value!r} makes Mooncake RDMA registration "
-                   "fail (Bad address; Mooncake #2511/#351: the server looks healthy and fails on "
-                   "the first KV transfer); remove expandable_segments:True.")
+        for variable in ALLOCATOR_VARIABLES:
+            value = env.get(variable, "")
+            if _EXPANDABLE.search(value):
+                yield (f"{key}.{variable}: {value!r} makes Mooncake RDMA registration fail (Bad "
+                       "address; Mooncake #2511/#351: the server looks healthy and fails on the "
+                       "first KV transfer); remove expandable_segments:True.")
 
 
 def _compute_network_only(cfg: ClusterConfig) -> Iterable[str]:
@@ -387,7 +422,13 @@ def _compute_network_only(cfg: ClusterConfig) -> Iterable[str]:
     for key, env in _all_env(cfg):
         for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
             value = env.get(var)
-            if value is not None and management in value.lstrip("=^").split(","):
+            if value is None:
+                continue
+            if value.startswith("^"):
+                yield (f"{key}.{var}: {value!r} is an exclusion list, which lets NCCL/GLOO pick "
+                       f"any other interface, {management} included; {reason}: remove it (the "
+                       "program sets it from network.computeInterface).")
+            elif management in value.lstrip("=").split(","):
                 yield (f"{key}.{var}: {value!r} names the management interface; {reason}: "
                        "remove it (the program sets it from network.computeInterface).")
 
@@ -484,6 +525,10 @@ def _mooncake_new_enough(cfg: ClusterConfig) -> Iterable[str]:
               "Mooncake #2035)")
     wheels = [(i, f) for i, f in enumerate(cfg.node_files)
               if f.is_wheel and f.file_name.startswith(MOONCAKE_WHEEL_PREFIX)]
+    if len(wheels) > 1:
+        listed = ", ".join(f"nodeFiles[{i}] {f.file_name!r}" for i, f in wheels)
+        yield (f"nodeFiles: {len(wheels)} Mooncake wheels ({listed}); they install the same "
+               "`mooncake` package over each other, so which one runs is unknown: keep one.")
     for index, node_file in wheels:
         try:
             version = wheel_version(node_file.file_name)

@@ -24,6 +24,7 @@ def node_container(plan: ContainerPlan, node: Node, *, depends_on: Sequence[pulu
         network_mode="host",
         ipc_mode="host",
         restart=plan.restart,
+        runtime=plan.runtime,
         gpus=plan.gpus,
         devices=[docker.ContainerDeviceArgs(host_path=d, container_path=d, permissions="rwm")
                  for d in plan.devices] or None,

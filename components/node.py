@@ -8,7 +8,7 @@ import pulumi_docker as docker
 
 from .assets import ASSETS_DIR, NodeAssets
 from .config import ClusterConfig, NodeSpec
-from .render import docker_ssh_opts, preflight_command
+from .render import docker_ssh_opts, image_env_check_command, preflight_command
 
 
 def ssh_connection(cfg: ClusterConfig, node: NodeSpec, private_key: pulumi.Input[str] | None,
@@ -70,6 +70,15 @@ class Node(pulumi.ComponentResource):
         )
         self.image_id = self.image.image_id
         self.image_digest = self.image.repo_digest
+        script = (ASSETS_DIR / "image-env-check.sh").read_text()
+        self.image_check = command.remote.Command(
+            f"{name}-image-env",
+            connection=self.connection,
+            create=self.image_id.apply(
+                lambda image_id: image_env_check_command(cfg, node.address, image_id, script)),
+            triggers=[self.image_id],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.image]),
+        )
         # What a container on this node waits for.
-        self.ready: list[pulumi.Resource] = [self.image, self.assets]
+        self.ready: list[pulumi.Resource] = [self.image, self.image_check, self.assets]
         self.register_outputs({"imageId": self.image_id, "imageDigest": self.image_digest})

@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 
-from .config import ClusterConfig, GroupSpec
+from . import versions
+from .config import MOONCAKE_WHEEL_PREFIX, ClusterConfig, GroupSpec
 
 # Where the program's own scripts (assets/) land on every node, mounted read-only into containers.
 NODE_ASSET_DIR = "/opt/kimipd"
@@ -19,7 +21,7 @@ LAUNCH_SCRIPT = f"{NODE_ASSET_DIR}/launch.sh"
 WAIT_HEALTHY_SCRIPT = f"{NODE_ASSET_DIR}/wait-healthy.sh"
 SMOKE_TEST_SCRIPT = f"{NODE_ASSET_DIR}/smoke-test.sh"
 # preflight.sh is not among them: it runs from stdin before anything is written to the node.
-NODE_SCRIPTS = ("launch.sh", "wait-healthy.sh", "smoke-test.sh")
+NODE_SCRIPTS = ("launch.sh", "mooncake-check.py", "wait-healthy.sh", "smoke-test.sh")
 
 MOONCAKE_MASTER = "mooncake-master"
 ROUTER = "router"
@@ -69,16 +71,23 @@ def sglang_launch_args(cfg: ClusterConfig, group_name: str, rank: int) -> list[s
     return args + list(group.extra_args)
 
 
-def launch_wrapper(cfg: ClusterConfig) -> list[str]:
-    """assets/launch.sh: pip-install the node files' wheels, apply the patches, then exec."""
+def launch_wrapper(cfg: ClusterConfig, *, mooncake_only: bool = False) -> list[str]:
+    """assets/launch.sh: install the node files' wheels (the Mooncake one in place of the
+    image's), apply the patches, prove the Mooncake that Python imports, then exec.
+
+    mooncake_only (the master): just the Mooncake wheel; the model patch and flash_kda are the
+    servers' business, and a failed patch must not take the metadata service down with it.
+    """
     args = ["bash", LAUNCH_SCRIPT]
     for node_file in cfg.node_files:
-        if node_file.is_wheel:
+        if node_file.is_wheel and node_file.file_name.startswith(MOONCAKE_WHEEL_PREFIX):
+            args += ["--mooncake-wheel", node_file.destination]
+        elif node_file.is_wheel and not mooncake_only:
             args += ["--wheel", node_file.destination]
     for node_file in cfg.node_files:
-        if node_file.is_patch:
+        if node_file.is_patch and not mooncake_only:
             args += ["--patch", node_file.destination]
-    return args + ["--"]
+    return args + ["--require-mooncake", versions.MOONCAKE_MIN, "--"]
 
 
 def sglang_command(cfg: ClusterConfig, group_name: str, rank: int) -> list[str]:
@@ -126,8 +135,9 @@ def group_endpoint(group: GroupSpec) -> str:
 
 def mooncake_master_command(cfg: ClusterConfig) -> list[str]:
     master = cfg.mooncake_master
-    # Through launch.sh too, so the master runs the same Mooncake as the servers' wheels.
-    return launch_wrapper(cfg) + [
+    # Through launch.sh too, so the master runs the same Mooncake as the servers' wheels; it
+    # execs the binary inside the package, not the console script (see launch.sh).
+    return launch_wrapper(cfg, mooncake_only=True) + [
         "mooncake_master",
         "--rpc_port", str(master.rpc_port),
         "--rpc_address", master.node,
@@ -180,11 +190,29 @@ def _shell(argv: list[str]) -> str:
     return " ".join(shlex.quote(arg) for arg in argv)
 
 
+def model_host_path(cfg: ClusterConfig) -> str | None:
+    """Where model.path (a path inside the containers) is on the node: through the deepest mount
+    that covers it, as docker layers nested mounts. None: no mount covers it (the image may
+    carry the model)."""
+    model = PurePosixPath(cfg.model.path)
+    covering = [(PurePosixPath(host), PurePosixPath(inside))
+                for host, inside, _ in container_mounts(cfg)
+                if PurePosixPath(inside) == model or PurePosixPath(inside) in model.parents]
+    if not covering:
+        return None
+    host, inside = max(covering, key=lambda mount: len(mount[1].parts))
+    return str(host / model.relative_to(inside))
+
+
 def preflight_command(cfg: ClusterConfig, address: str, script: str) -> str:
     """assets/preflight.sh fed on stdin: it writes nothing to the node, and an edit to it shows
     in the diff and runs it again."""
     node = cfg.node(address)
     check = cfg.preflight
+    # Only SGLang ranks load the model and get container.devices (see _plan).
+    runs_rank = any(role not in (MOONCAKE_MASTER, ROUTER) for role in cfg.roles_of(address))
+    model = model_host_path(cfg) if check.check_model and runs_rank else None
+    devices = cfg.container.devices if check.check_rdma and runs_rank else []
     argv = [
         "bash", "-s", "--",
         "--node", address,
@@ -195,6 +223,10 @@ def preflight_command(cfg: ClusterConfig, address: str, script: str) -> str:
         "--nvidia-runtime", "yes" if check.check_nvidia_runtime else "no",
         "--disk-path", check.disk_path,
         "--min-free-disk-gb", str(check.min_free_disk_gb),
+        "--model-host-path", model or "",
+        "--device-paths", ",".join(devices),
+        # PORT=KEY: the failure names the stack key to change.
+        "--ports", ",".join(f"{port}={key}" for port, key in cfg.ports_on(address).items()),
     ]
     return f"{_shell(argv)} <<'KIMIPD_PREFLIGHT'\n{script}KIMIPD_PREFLIGHT"
 
@@ -217,6 +249,29 @@ def smoke_test_command(cfg: ClusterConfig) -> str:
         "--body", json.dumps(cfg.smoke_test.body, sort_keys=True),
         "--timeout", str(cfg.smoke_test.timeout_seconds),
     ])
+
+
+def variables_set_in_every_container(cfg: ClusterConfig) -> list[str]:
+    """Names every SGLang rank's env sets: for those, the image's own value never applies."""
+    names = None
+    for name, group in cfg.groups.items():
+        for rank in range(len(group.nodes)):
+            keys = set(sglang_env(cfg, name, rank))
+            names = keys if names is None else names & keys
+    return sorted(names or ())
+
+
+def image_env_check_command(cfg: ClusterConfig, address: str, image: str, script: str) -> str:
+    """assets/image-env-check.sh fed on stdin: refuses an image whose own environment breaks a
+    hard rule (expandable segments, NCCL/GLOO on the management interface)."""
+    argv = [
+        "bash", "-s", "--",
+        "--node", address,
+        "--image", image,
+        "--management-interface", cfg.network.management_interface,
+        "--overridden", ",".join(variables_set_in_every_container(cfg)),
+    ]
+    return f"{_shell(argv)} <<'KIMIPD_IMAGE_CHECK'\n{script}KIMIPD_IMAGE_CHECK"
 
 
 def prepare_dirs_command(cfg: ClusterConfig) -> str:
@@ -254,11 +309,12 @@ class ContainerPlan:
     shm_size_mb: int
     ulimits: dict[str, int]
     restart: str
+    runtime: str | None  # docker's --runtime; None: the engine's default
     health_url: str  # what its gate polls on its node
 
 
 def _plan(cfg: ClusterConfig, role: str, node: str, command: list[str], env: dict[str, str],
-          health: str, gpu_workload: bool) -> ContainerPlan:
+          health: str, gpu_workload: bool, runtime: str | None = None) -> ContainerPlan:
     settings = cfg.container
     return ContainerPlan(
         role=role,
@@ -277,13 +333,23 @@ def _plan(cfg: ClusterConfig, role: str, node: str, command: list[str], env: dic
         # `no` unless the operator says otherwise: a lone restarted rank cannot rejoin its NCCL
         # group, so a crash must surface (gate, refresh) instead of looping.
         restart=settings.restart,
+        runtime=runtime,
         health_url=health,
     )
 
 
+def mooncake_master_env(cfg: ClusterConfig) -> dict[str, str]:
+    env = dict(cfg.container.env)
+    if cfg.mooncake_master.runtime == "nvidia":
+        # Driver libraries (libcuda) mounted, no GPU claimed: the ranks own every GPU.
+        env |= {"NVIDIA_VISIBLE_DEVICES": "none", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}
+    return env
+
+
 def mooncake_master_plan(cfg: ClusterConfig) -> ContainerPlan:
     return _plan(cfg, MOONCAKE_MASTER, cfg.mooncake_master.node, mooncake_master_command(cfg),
-                 dict(cfg.container.env), mooncake_master_health_url(cfg), gpu_workload=False)
+                 mooncake_master_env(cfg), mooncake_master_health_url(cfg), gpu_workload=False,
+                 runtime=cfg.mooncake_master.runtime)
 
 
 def sglang_rank_plan(cfg: ClusterConfig, group_name: str, rank: int) -> ContainerPlan:

@@ -55,6 +55,7 @@ def docker_run_argv(plan: ContainerPlan, image: str) -> list[str]:
     argv += [f"--cap-add={capability}" for capability in plan.capabilities]
     argv += ["--gpus", plan.gpus] if plan.gpus else []
     argv += ["--privileged"] if plan.privileged else []
+    argv += ["--runtime", plan.runtime] if plan.runtime else []
     return [*argv, image, *plan.command]
 
 
@@ -65,12 +66,12 @@ class Deployment:
         self.sim, self.config = sim, config
         self.nodes = [node.address for node in config.nodes]
 
-    def prepare_nodes(self) -> None:
+    def prepare_nodes(self, nodes: list[str] | None = None) -> None:
         """What NodeAssets and RemoteImage do: dirs, scripts, node files, the image."""
         verify_node_file_sources(self.config.node_files, Path.cwd())
         files = {f"{NODE_ASSET_DIR}/{s}": ASSETS_DIR / s for s in NODE_SCRIPTS}
         files |= {f.destination: Path(f.source).expanduser() for f in self.config.node_files}
-        for node in self.nodes:
+        for node in nodes or self.nodes:
             self.check(node, self.sim.ssh(node, prepare_dirs_command(self.config)), "dirs")
             for destination, source in files.items():
                 self.check(node, self.sim.copy(node, source, destination), f"copy {destination}")
@@ -86,6 +87,12 @@ class Deployment:
 
     def gate(self, plan: ContainerPlan):
         return self.sim.ssh(plan.node, wait_healthy_command(self.config, plan))
+
+    def gate_group(self, plans: list[ContainerPlan]):
+        """Every rank's check, as HealthGate runs them (each on its own node); the first failure
+        or the last success."""
+        results = [self.gate(plan) for plan in plans]
+        return next((result for result in results if result.returncode != 0), results[-1])
 
     def start_group(self, name: str) -> list[ContainerPlan]:
         plans = [sglang_rank_plan(self.config, name, rank)
@@ -124,9 +131,9 @@ def deployed(sim: SimCluster) -> Iterator[tuple[Deployment, dict]]:
     deployment.start(master)
     gates = {"mooncake-master": deployment.gate(master)}
     prefill = deployment.start_group("prefill")
-    gates["prefill"] = deployment.gate(prefill[0])
+    gates["prefill"] = deployment.gate_group(prefill)
     decode = deployment.start_group("decode") if gates["prefill"].returncode == 0 else []
-    gates["decode"] = deployment.gate(decode[0]) if decode else None
+    gates["decode"] = deployment.gate_group(decode) if decode else None
     router = router_plan(deployment.config)
     deployment.start(router)
     gates["router"] = deployment.gate(router)
@@ -182,30 +189,70 @@ def test_each_rank_ran_its_rendered_command(deployed) -> None:
         assert status.strip() == "running", f"{plan.role} on {plan.node} is {status.strip()}"
         logs = deployment.logs(plan)
         assert "launch.sh: installing" in logs and "patch_k3_sm120 (sim): applied" in logs, plan.role
+        # The image's 0.3.11.post1 (another distribution) is gone; the wheel's release is proven.
+        assert "uninstalling mooncake-transfer-engine (the image's Mooncake)" in logs, plan.role
+        assert ("Mooncake 0.3.13.post1 (mooncake-transfer-engine-non-cuda)" in logs
+                and "ok (>= 0.3.12.post1)" in logs), plan.role
+        assert "flags parsed by the real SGLang 0.5.19 parser" in logs, plan.role
 
 
-def test_mooncake_master_is_the_real_one(deployed) -> None:
+def test_every_rank_serves_its_health_port(deployed) -> None:
+    deployment, run = deployed
+    for plan in run["prefill"] + run["decode"]:
+        probe = deployment.sim.ssh(plan.node, f"curl -fsS -o /dev/null -w '%{{http_code}}' "
+                                              f"{plan.health_url}")
+        assert probe.stdout == "200", f"{plan.role} {plan.health_url}: {probe.stderr}"
+
+
+def test_mooncake_master_is_the_real_one_and_pid_1(deployed) -> None:
+    """launch.sh execs the wheel's binary: docker's SIGTERM reaches the master itself."""
     deployment, run = deployed
     master = run["master"]
-    processes = deployment.sim.docker(master.node, "exec", master.name, "ps", "-eo", "args")
-    assert "mooncake_master --rpc_port 50051 --rpc_address 10.231.60.1" in processes.stdout, (
-        processes.stdout + processes.stderr)
+    pid1 = deployment.sim.docker(master.node, "exec", master.name, "ps", "-o", "args=", "-p", "1")
+    assert pid1.stdout.strip().startswith(
+        "/opt/venv/lib/python3.11/site-packages/mooncake/mooncake_master --rpc_port 50051 "
+        "--rpc_address 10.231.60.1"), pid1.stdout + pid1.stderr
+    logs = deployment.logs(master)
+    assert "patch_k3_sm120" not in logs and "flash_kda" not in logs  # only the Mooncake wheel
 
 
-def test_a_prefill_rank_dying_while_loading_fails_the_gate_with_its_log(sim: SimCluster) -> None:
+def test_the_launch_check_refuses_the_images_old_mooncake(sim: SimCluster) -> None:
+    """An operator who declares the image fixed (imageMooncakeVersion) and ships no wheel: the
+    image really has 0.3.11.post1, and the rank refuses to start, naming it."""
     values = copy.deepcopy(stack_values("sim"))
     values["image"] = sim.image
-    values["groups"]["prefill"]["env"] = {"SGLANG_STANDIN_EXIT_WHILE_LOADING": "0"}
+    values["nodeFiles"] = [f for f in values["nodeFiles"] if "mooncake" not in f["destination"]]
+    values["imageMooncakeVersion"] = "0.3.12.post1"
+    deployment = Deployment(sim, load_cluster_config(values))
+    plan = sglang_rank_plan(deployment.config, "decode", 1)
+    sim.remove_kimipd_containers([plan.node])
+    try:
+        deployment.prepare_nodes([plan.node])
+        deployment.start(plan)
+        gate = deployment.gate(plan)
+        assert gate.returncode == 1
+        assert f"kimipd-decode-r1 on {plan.node}: not running: exited (exit code 1)" in gate.stderr
+        assert ("Python imports Mooncake 0.3.11.post1 (mooncake-transfer-engine" in gate.stderr
+                and "runbook rule 3: Mooncake >= 0.3.12.post1" in gate.stderr), gate.stderr
+    finally:
+        sim.remove_kimipd_containers([plan.node])
+
+
+def test_a_prefill_rank_dying_while_loading_fails_its_gate_with_its_log(sim: SimCluster) -> None:
+    """Rank 2, not rank 0: its own check names its node and container."""
+    values = copy.deepcopy(stack_values("sim"))
+    values["image"] = sim.image
+    values["groups"]["prefill"]["env"] = {"SGLANG_STANDIN_EXIT_WHILE_LOADING": "2"}
     values["gates"] = {"timeoutSeconds": 60, "intervalSeconds": 1}
     deployment = Deployment(sim, load_cluster_config(values))
     sim.remove_kimipd_containers(deployment.nodes)
     try:
         deployment.prepare_nodes()
         prefill = deployment.start_group("prefill")
-        gate = deployment.gate(prefill[0])
+        gate = deployment.gate(prefill[2])
         assert gate.returncode == 1
-        assert "kimipd-prefill-r0: not running: exited (exit code 1)" in gate.stderr
-        assert "last 100 lines of kimipd-prefill-r0:" in gate.stderr
+        assert "kimipd-prefill-r2 on 10.231.60.3: not running: exited (exit code 1)" in gate.stderr
+        assert "last 100 lines of kimipd-prefill-r2 on 10.231.60.3:" in gate.stderr
         assert "CUDA out of memory" in gate.stderr
     finally:
         sim.remove_kimipd_containers(deployment.nodes)

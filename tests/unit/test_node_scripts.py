@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import http.server
+import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -36,16 +38,27 @@ def test_scripts_are_shellcheck_clean() -> None:
 # -- preflight ----------------------------------------------------------------------------------
 
 
-def preflight(*overrides: str) -> subprocess.CompletedProcess:
+def preflight(*overrides: str, tools: Path | None = None) -> subprocess.CompletedProcess:
+    """preflight.sh with every check off but the ones OVERRIDES turn on; TOOLS (a directory of
+    fake commands) goes first on PATH."""
     args = dict(zip(*[iter([
         "--node", "10.0.0.9", "--gpus", "0", "--max-gpu-memory-used-mib", "0",
         "--rdma-devices", "", "--compute-interface", "lo", "--nvidia-runtime", "no",
-        "--disk-path", "/", "--min-free-disk-gb", "0", *overrides])] * 2))
+        "--disk-path", "/", "--min-free-disk-gb", "0", "--model-host-path", "",
+        "--device-paths", "", "--ports", "", *overrides])] * 2))
     argv = [item for pair in args.items() for item in pair]
+    path = f"{tools}:/usr/bin:/bin" if tools else "/usr/bin:/bin"
     # Fed on stdin, exactly as the Node component runs it.
     return subprocess.run(["bash", "-s", "--", *argv], input=(ASSETS / "preflight.sh").read_text(),
                           capture_output=True, text=True, timeout=60, check=False,
-                          env={"PATH": "/usr/bin:/bin", "DOCKER_HOST": "unix:///nonexistent.sock"})
+                          env={"PATH": path, "DOCKER_HOST": "unix:///nonexistent.sock"})
+
+
+def fake_tool(directory: Path, name: str, script: str) -> Path:
+    directory.mkdir(exist_ok=True)
+    (directory / name).write_text("#!/bin/sh\n" + script)
+    (directory / name).chmod(0o755)
+    return directory
 
 
 def test_preflight_names_node_and_every_failed_check() -> None:
@@ -67,6 +80,173 @@ def test_preflight_reports_an_unreachable_docker_engine() -> None:
         assert "preflight failed on node 10.0.0.9: docker: docker CLI not found" in result.stderr
     assert "compute-interface: ok (lo up)" in result.stdout
     assert result.returncode == 1
+
+
+# The compute address must sit on the compute interface: NCCL's rendezvous and the KV handshakes
+# dial it, whatever NCCL_SOCKET_IFNAME says.
+
+ADDRESSES = """1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever preferred_lft forever
+2: bond0    inet {bond0}/24 brd 174.1.60.255 scope global bond0\\       valid_lft forever
+3: bond1    inet {bond1}/24 brd 10.0.0.255 scope global bond1\\       valid_lft forever
+"""
+
+
+def fake_ip(directory: Path, *, bond0: str, bond1: str) -> Path:
+    (fake_tool(directory, "ip", """case "$*" in
+  "-o link show dev bond1") echo "3: bond1: <BROADCAST,MULTICAST,MASTER,UP,LOWER_UP> mtu 9000" ;;
+  "-o -4 addr show") cat "$(dirname "$0")/addresses" ;;
+  *) exit 1 ;;
+esac
+""") / "addresses").write_text(ADDRESSES.format(bond0=bond0, bond1=bond1))
+    return directory
+
+
+def test_preflight_address_on_the_compute_interface_passes(tmp_path: Path) -> None:
+    tools = fake_ip(tmp_path / "bin", bond0="174.1.61.3", bond1="174.1.60.3")
+    result = preflight("--node", "174.1.60.3", "--compute-interface", "bond1", tools=tools)
+    assert "preflight 174.1.60.3: address: ok (174.1.60.3 on bond1)" in result.stdout
+    assert "address:" not in result.stderr
+
+
+def test_preflight_address_on_the_management_interface_fails(tmp_path: Path) -> None:
+    tools = fake_ip(tmp_path / "bin", bond0="174.1.60.3", bond1="10.0.0.3")
+    result = preflight("--node", "174.1.60.3", "--compute-interface", "bond1", tools=tools)
+    assert result.returncode == 1
+    assert ("preflight failed on node 174.1.60.3: address: 174.1.60.3 is on bond0, not on bond1 "
+            "(bond1 has 10.0.0.3/24); the other ranks, the router and the KV handshakes dial "
+            "174.1.60.3, so they would not use bond1: assign 174.1.60.3 to bond1, or set this "
+            "node's address in `nodes` to its bond1 address") in result.stderr
+
+
+def test_preflight_address_on_no_interface_fails() -> None:
+    # The real `ip` on this machine: 10.0.0.9 is not one of its addresses, lo holds 127.0.0.1.
+    result = preflight("--node", "10.0.0.9", "--compute-interface", "lo")
+    assert ("preflight failed on node 10.0.0.9: address: 10.0.0.9 is on no interface of this "
+            "node (lo has 127.0.0.1/8)") in result.stderr
+    assert "preflight 127.0.0.1: address: ok (127.0.0.1 on lo)" in preflight(
+        "--node", "127.0.0.1", "--compute-interface", "lo").stdout
+
+
+# RDMA ports must be ACTIVE and the devices the containers map must exist.
+
+
+def fake_sysfs(root: Path, states: dict[str, list[str]]) -> Path:
+    """/sys/class/infiniband/DEV/ports/N/state with the given states (port numbers from 1)."""
+    for device, device_states in states.items():
+        (root / "class" / "infiniband" / device / "ports").mkdir(parents=True)
+        for number, state in enumerate(device_states, start=1):
+            port = root / "class" / "infiniband" / device / "ports" / str(number)
+            port.mkdir()
+            (port / "state").write_text(state + "\n")
+    return root
+
+
+def test_preflight_rdma_ports_active_pass(tmp_path: Path) -> None:
+    sysfs = fake_sysfs(tmp_path, {"mlx5_0": ["4: ACTIVE"], "mlx5_1": ["4: ACTIVE", "4: ACTIVE"]})
+    result = preflight("--rdma-devices", "mlx5_0,mlx5_1", "--sysfs-root", str(sysfs))
+    assert "preflight 10.0.0.9: rdma: ok (mlx5_0,mlx5_1 ACTIVE)" in result.stdout
+    assert "rdma:" not in result.stderr
+
+
+def test_preflight_rdma_port_not_active_fails(tmp_path: Path) -> None:
+    sysfs = fake_sysfs(tmp_path, {"mlx5_0": ["4: ACTIVE"], "mlx5_1": ["1: DOWN"],
+                                  "mlx5_2": ["4: ACTIVE", "2: INIT"], "mlx5_3": []})
+    result = preflight("--rdma-devices", "mlx5_0,mlx5_1,mlx5_2,mlx5_3", "--sysfs-root", str(sysfs))
+    assert result.returncode == 1
+    assert ("preflight failed on node 10.0.0.9: rdma: mlx5_1 port 1 is DOWN, mlx5_2 port 2 is "
+            "INIT, mlx5_3 has no ports (not ACTIVE); bring the link up (ibstat, cable, switch "
+            "port) or remove the device from network.rdmaDevices") in result.stderr
+
+
+def test_preflight_container_device_paths(tmp_path: Path) -> None:
+    (tmp_path / "infiniband").mkdir()
+    present = str(tmp_path / "infiniband")
+    result = preflight("--device-paths", present)
+    assert f"preflight 10.0.0.9: devices: ok ({present})" in result.stdout
+    result = preflight("--device-paths", f"{present},/dev/kimipd-no-such-device")
+    assert ("preflight failed on node 10.0.0.9: devices: /dev/kimipd-no-such-device not found "
+            "(container.devices; docker would refuse to start the ranks); load the RDMA drivers "
+            "(mlx5_ib, rdma-core) or remove it from container.devices") in result.stderr
+
+
+# The model: a missing one costs a whole attempt (the ranks die after the pull and the wait).
+
+
+def test_preflight_model_with_config_json_passes(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    result = preflight("--model-host-path", str(tmp_path))
+    assert f"preflight 10.0.0.9: model: ok ({tmp_path}/config.json)" in result.stdout
+
+
+def test_preflight_model_without_config_json_fails(tmp_path: Path) -> None:
+    result = preflight("--model-host-path", str(tmp_path))
+    assert result.returncode == 1
+    assert (f"preflight failed on node 10.0.0.9: model: no config.json in {tmp_path} (the node "
+            "side of model.path): the copy is incomplete or model.path names the wrong "
+            "directory; copy the whole model, or fix model.path") in result.stderr
+    result = preflight("--model-host-path", str(tmp_path / "Kimi-K3"))
+    assert (f"preflight failed on node 10.0.0.9: model: {tmp_path}/Kimi-K3 not found (the node "
+            "side of model.path through container.volumes); copy the model there, or fix "
+            "model.path or the volume") in result.stderr
+
+
+# Ports: free, or held by this stack's own (host-network) containers.
+
+
+@pytest.fixture
+def held_port() -> Iterator[int]:
+    """A port this test process listens on (a foreign process, as far as preflight can tell)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        yield listener.getsockname()[1]
+
+
+def test_preflight_free_ports_pass() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    result = preflight("--ports", f"{port}=router.port")
+    assert (f"preflight 10.0.0.9: ports: ok (free: {port}; held by this stack's containers: "
+            "none)") in result.stdout
+
+
+def test_preflight_port_held_by_a_foreign_process_fails(held_port: int) -> None:
+    result = preflight("--ports", f"{held_port}=groups.prefill.distInitPort+3")
+    assert result.returncode == 1
+    line = next(line for line in result.stderr.splitlines() if ": ports: " in line)
+    # ss names the owner (this test's python) with its pid.
+    assert line.startswith(f"preflight failed on node 10.0.0.9: ports: port {held_port} "
+                           "(groups.prefill.distInitPort+3) is held by python"), line
+    assert line.endswith(f" pid {os.getpid()}, not by a kimipd-* container; stop that process, "
+                         "or set groups.prefill.distInitPort to a free port"), line
+
+
+def fake_docker_ps(directory: Path, pid: int) -> Path:
+    """A docker whose one running kimipd-* container has main process PID."""
+    return fake_tool(directory, "docker", f"""case "$1" in
+  ps) echo 0123456789ab ;;
+  inspect) echo "{pid} /kimipd-prefill-r0" ;;
+esac
+""")
+
+
+def test_preflight_port_held_by_our_container_passes(tmp_path: Path) -> None:
+    # ss names no owner (not root): a running kimipd-* container is taken to hold it.
+    tools = fake_tool(tmp_path, "ss", """echo "LISTEN 0 128 0.0.0.0:30000 0.0.0.0:*"\n""")
+    result = preflight("--ports", "30000=groups.prefill.httpPort,8998=groups.prefill.bootstrapPort",
+                       tools=fake_docker_ps(tools, os.getpid()))
+    assert ("preflight 10.0.0.9: ports: ok (free: 8998; held by this stack's containers: "
+            "30000:kimipd-prefill-r0)") in result.stdout
+    assert "ports:" not in result.stderr
+
+
+def test_preflight_port_held_outside_our_containers_fails_even_while_they_run(
+        tmp_path: Path, held_port: int) -> None:
+    # The owner ss names shares no pid namespace with kimipd-prefill-r0 (it is in the node's own).
+    result = preflight("--ports", f"{held_port}=router.port",
+                       tools=fake_docker_ps(tmp_path, os.getpid()))
+    assert f"ports: port {held_port} (router.port) is held by python" in result.stderr
 
 
 # -- readiness gate -----------------------------------------------------------------------------

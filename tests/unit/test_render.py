@@ -24,9 +24,10 @@ from components.render import (
 WRAPPER = [
     "bash", "/opt/kimipd/launch.sh",
     "--wheel", "/tmp/flash_kda-0.0.1-cp312-cp312-linux_x86_64.whl",
-    "--wheel", "/data/flashkda_deploy/wheels/"
+    "--mooncake-wheel", "/data/flashkda_deploy/wheels/"
                "mooncake_transfer_engine_cuda13-0.3.12.post1-cp312-cp312-manylinux_2_28_x86_64.whl",
     "--patch", "/tmp/patch_k3_sm120.py",
+    "--require-mooncake", "0.3.12.post1",
     "--",
 ]
 
@@ -57,7 +58,8 @@ def test_prefill_rank_argv(pro6000: dict, rank: int) -> None:
     config = load_cluster_config(pro6000)
     assert sglang_command(config, "prefill", rank) == expected_sglang(
         "prefill", "174.1.60.1", rank, ["--mem-fraction-static", "0.85",
-                                        "--chunked-prefill-size", "16384"])
+                                        "--chunked-prefill-size", "16384",
+                                        "--linear-attn-prefill-backend", "flashkda"])
 
 
 @pytest.mark.parametrize("rank", range(4))
@@ -90,9 +92,25 @@ def test_group_env_and_gid_index_reach_the_rank(pro6000: dict) -> None:
 
 
 def test_mooncake_master_argv(pro6000: dict) -> None:
-    assert mooncake_master_command(load_cluster_config(pro6000)) == WRAPPER + [
+    """Only the Mooncake wheel (no patch, no flash_kda); launch.sh execs the binary itself."""
+    assert mooncake_master_command(load_cluster_config(pro6000)) == [
+        "bash", "/opt/kimipd/launch.sh",
+        "--mooncake-wheel", "/data/flashkda_deploy/wheels/"
+        "mooncake_transfer_engine_cuda13-0.3.12.post1-cp312-cp312-manylinux_2_28_x86_64.whl",
+        "--require-mooncake", "0.3.12.post1", "--",
         "mooncake_master", "--rpc_port", "50051", "--rpc_address", "174.1.60.1",
         "--metrics_port", "9003"]
+
+
+def test_mooncake_master_gets_the_driver_libraries_but_no_gpu(pro6000: dict) -> None:
+    from components.render import mooncake_master_plan
+
+    plan = mooncake_master_plan(load_cluster_config(pro6000))
+    assert (plan.runtime, plan.gpus, plan.devices) == ("nvidia", None, [])
+    assert plan.env["NVIDIA_VISIBLE_DEVICES"] == "none"
+    pro6000["mooncakeMaster"]["runtime"] = None
+    plan = mooncake_master_plan(load_cluster_config(pro6000))
+    assert plan.runtime is None and "NVIDIA_VISIBLE_DEVICES" not in plan.env
 
 
 def test_minilb_router_argv(pro6000: dict) -> None:
@@ -135,14 +153,62 @@ def test_preflight_line(pro6000: dict) -> None:
                     "--max-gpu-memory-used-mib", "0",
                     "--rdma-devices", "mlx5_0,mlx5_1,mlx5_2,mlx5_3",
                     "--compute-interface", "bond1", "--nvidia-runtime", "yes",
-                    "--disk-path", "/var/lib/docker", "--min-free-disk-gb", "200"]
+                    "--disk-path", "/var/lib/docker", "--min-free-disk-gb", "200",
+                    "--model-host-path", "/data/models/Kimi-K3",
+                    "--device-paths", "/dev/infiniband",
+                    "--ports", "30000=groups.prefill.httpPort"]
+
+
+def preflight_flag(config, address: str, flag: str) -> str:
+    argv = preflight_argv(config, address)
+    return argv[argv.index(flag) + 1]
+
+
+def test_preflight_ports_are_every_port_the_node_binds(pro6000: dict) -> None:
+    config = load_cluster_config(pro6000)
+    dist_init = [f"{20000 + n}=groups.prefill.distInitPort{f'+{n}' if n else ''}" for n in range(8)]
+    # mc-master + prefill rank 0 (bootstrap server, dist-init..+7, --port).
+    assert preflight_flag(config, "174.1.60.1", "--ports").split(",") == [
+        "8998=groups.prefill.bootstrapPort", "9003=mooncakeMaster.metricsPort", *dist_init,
+        "30000=groups.prefill.httpPort", "50051=mooncakeMaster.rpcPort"]
+    # decode rank 0 (no bootstrap server) + router.
+    assert preflight_flag(config, "174.1.60.5", "--ports").split(",") == [
+        *(entry.replace("prefill", "decode") for entry in dist_init),
+        "30000=groups.decode.httpPort", "31000=router.port"]
+    # A rank >= 1 binds --port too (SGLang's dummy health server).
+    assert preflight_flag(config, "174.1.60.8", "--ports") == "30000=groups.decode.httpPort"
+
+
+def test_preflight_model_is_checked_through_the_volume_that_mounts_it(pro6000: dict) -> None:
+    def model_host_path(*volumes: tuple[str, str]) -> str:
+        pro6000["container"]["volumes"] = [{"hostPath": host, "containerPath": inside}
+                                           for host, inside in volumes]
+        return preflight_flag(load_cluster_config(pro6000), "174.1.60.3", "--model-host-path")
+
+    # The deepest mount wins, as in the container.
+    assert model_host_path(("/mnt/nvme", "/data"),
+                           ("/mnt/weights", "/data/models")) == "/mnt/weights/Kimi-K3"
+    assert model_host_path(("/mnt/weights/K3", "/data/models/Kimi-K3")) == "/mnt/weights/K3"
+    # No volume covers model.path: the image may carry the model, nothing to check on the node.
+    assert model_host_path(("/data/models-old", "/data/models-old")) == ""
+
+
+def test_preflight_checks_only_rank_nodes_for_the_model_and_devices(pro6000: dict) -> None:
+    pro6000["nodes"].append({"address": "174.1.60.9", "gpus": 0})
+    pro6000["router"]["node"] = "174.1.60.9"
+    config = load_cluster_config(pro6000)
+    assert preflight_flag(config, "174.1.60.9", "--model-host-path") == ""
+    assert preflight_flag(config, "174.1.60.9", "--device-paths") == ""
+    assert preflight_flag(config, "174.1.60.9", "--ports") == "31000=router.port"
 
 
 def test_preflight_checks_can_be_turned_off(pro6000: dict) -> None:
-    pro6000["preflight"] |= {"checkGpus": False, "checkRdma": False}
+    pro6000["preflight"] |= {"checkGpus": False, "checkRdma": False, "checkModel": False}
     argv = preflight_argv(load_cluster_config(pro6000), "174.1.60.3")
     assert argv[argv.index("--gpus") + 1] == "0"
     assert argv[argv.index("--rdma-devices") + 1] == ""
+    assert argv[argv.index("--device-paths") + 1] == ""
+    assert argv[argv.index("--model-host-path") + 1] == ""
 
 
 def test_gate_line(pro6000: dict) -> None:
