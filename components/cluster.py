@@ -7,7 +7,14 @@ import pulumi
 from .config import ClusterConfig
 from .mooncake import MooncakeMaster
 from .node import Node
-from .render import group_endpoint, mooncake_master_address, router_url
+from .render import (
+    group_endpoint,
+    mooncake_master_address,
+    mooncake_master_plan,
+    router_plan,
+    router_url,
+    sglang_rank_plan,
+)
 from .router import Router, SmokeTest
 from .serving import ServingGroup
 
@@ -69,7 +76,18 @@ class Cluster(pulumi.ComponentResource):
             cfg, self.nodes[cfg.router.node], self.router,
             [self.mooncake_master.gate, *prefill_gates, *decode_gates], opts=child)
         self.outputs |= {
+            "containers": container_outputs(cfg),
             "routerUrl": router_url(cfg),
             "generateUrl": router_url(cfg) + "/generate",
             "smokeTest": self.smoke_test.text,
         }
+
+
+def container_outputs(cfg: ClusterConfig) -> dict[str, dict[str, object]]:
+    """Every container by role: where it runs and what its gate polls (day-two tools read it)."""
+    plans = [mooncake_master_plan(cfg)]
+    for name, group in cfg.groups.items():
+        plans += [sglang_rank_plan(cfg, name, rank) for rank in range(len(group.nodes))]
+    plans.append(router_plan(cfg))
+    return {plan.role: {"node": plan.node, "container": plan.name, "healthUrl": plan.health_url}
+            for plan in plans}
