@@ -348,3 +348,16 @@ def test_launch_installs_wheels_applies_patches_then_execs(tmp_path: Path) -> No
 def test_launch_refuses_an_unknown_option() -> None:
     result = bash("launch.sh", "--wheels", "x.whl", "--", "true")
     assert result.returncode == 2 and "unknown option '--wheels'" in result.stderr
+
+
+def test_busy_gpus_fail_preflight_unless_this_stacks_ranks_hold_them(tmp_path: Path) -> None:
+    """Preflight re-runs when its script changes: on a serving node our own ranks hold the GPUs."""
+    tools = fake_tool(tmp_path / "bin", "nvidia-smi", "for i in 1 2 3 4 5 6 7 8; do echo 70000; done\n")
+    fake_tool(tools, "docker", "exit 0\n")  # no kimipd-* container running
+    result = preflight("--gpus", "8", tools=tools)
+    assert result.returncode == 1
+    assert "gpus: 8 of 8 GPUs use more than 0 MiB (not idle)" in result.stderr
+    fake_tool(tools, "docker", 'case "$1" in ps) echo abc123 ;; inspect) echo "1 /kimipd-decode-r0" ;; esac\n')
+    result = preflight("--gpus", "8", "--node", "127.0.0.1", tools=tools)
+    assert result.returncode == 0, result.stderr
+    assert "gpus: ok (8 GPUs in use by this stack's kimipd-* containers)" in result.stdout
