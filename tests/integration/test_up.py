@@ -126,7 +126,7 @@ def test_prefill_rank_exiting_while_loading_fails_the_gate(project: Project, sim
     with pytest.raises(auto.CommandError) as error:
         stack.up()
     message = str(error.value)
-    assert "kimipd-prefill-r0: not running: exited (exit code 1)" in message
+    assert "kimipd-prefill-r0 on 10.231.60.1: not running: exited (exit code 1)" in message
     assert "CUDA out of memory" in message
     names = container_ids(sim)
     assert "kimipd-prefill-r0" in names
@@ -152,6 +152,9 @@ def test_up_converges_and_the_router_answers(stack: auto.Stack, sim: SimCluster)
     assert outputs["smokeTest"].strip(), "the router returned no text"
     assert outputs["groups"]["decode"]["nodes"] == NODES[4:]
     assert outputs["mooncakeMaster"] == "10.231.60.1:50051"
+    assert outputs["containers"]["decode-r2"] == {
+        "node": "10.231.60.7", "container": "kimipd-decode-r2",
+        "healthUrl": "http://10.231.60.7:30000/health"}
     for node in NODES:
         assert outputs["nodes"][node]["imageDigest"].startswith("10.231.60.254:5000/kimipd/sim-node@sha256:")
     config = stack_values("sim")
@@ -183,7 +186,7 @@ def test_decode_only_change_replaces_only_decode(stack: auto.Stack, project: Pro
     preview = Events()
     stack.preview(on_event=preview)
     assert preview.changed() == {f"decode-r{r}" for r in range(4)} | {
-        "decode-ready-check", "smoke-test-generate"}, preview.changed()
+        f"decode-r{r}-health" for r in range(4)} | {"smoke-test-generate"}, preview.changed()
     stack.up()
     after = container_ids(sim)
     for name in before:
