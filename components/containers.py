@@ -12,8 +12,15 @@ from .render import ContainerPlan, env_list
 
 
 def node_container(plan: ContainerPlan, node: Node, *, depends_on: Sequence[pulumi.Resource],
-                   parent: pulumi.Resource) -> docker.Container:
-    """Host network and host IPC: NCCL, RDMA and the KV bootstrap bind the node's addresses."""
+                   parent: pulumi.Resource,
+                   replace_with: Sequence[docker.Container] = ()) -> docker.Container:
+    """Host network and host IPC: NCCL, RDMA and the KV bootstrap bind the node's addresses.
+
+    A container found stopped (`refresh` records `mustRun` drift) is replaced, not restarted in
+    place: a new id re-runs its gate and the smoke test, so `up` never reports a cluster that
+    was merely started as converged. replace_with: ranks >= 1 go whenever rank 0 goes, because
+    a lone restarted rank cannot rejoin its NCCL group.
+    """
     return docker.Container(
         plan.role,
         name=plan.name,
@@ -37,5 +44,6 @@ def node_container(plan: ContainerPlan, node: Node, *, depends_on: Sequence[pulu
                  for h, c, ro in plan.mounts],
         must_run=True,
         opts=pulumi.ResourceOptions(
-            parent=parent, provider=node.provider, depends_on=[*node.ready, *depends_on]),
+            parent=parent, provider=node.provider, depends_on=[*node.ready, *depends_on],
+            replace_on_changes=["mustRun"], replace_with=list(replace_with) or None),
     )

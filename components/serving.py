@@ -8,7 +8,7 @@ import pulumi
 
 from .config import ClusterConfig
 from .containers import node_container
-from .gates import HealthGate
+from .gates import BootstrapGate, HealthGate
 from .node import Node
 from .render import group_endpoint, sglang_rank_plan
 
@@ -20,16 +20,25 @@ class ServingGroup(pulumi.ComponentResource):
     endpoint: pulumi.Output[str]
 
     def __init__(self, name: str, cfg: ClusterConfig, nodes: Mapping[str, Node],
-                 wait_for: Sequence[pulumi.Resource],
+                 wait_for: Sequence[pulumi.Resource], bootstrap_gate: bool = False,
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("kimipd:serving:ServingGroup", name, None, opts)
         group = cfg.groups[name]
         plans = [sglang_rank_plan(cfg, name, rank) for rank in range(len(group.nodes))]
-        self.containers = [
-            node_container(plan, nodes[plan.node], depends_on=wait_for, parent=self)
-            for plan in plans
+        rank0 = node_container(plans[0], nodes[plans[0].node], depends_on=wait_for, parent=self)
+        # When a rank dies its group dies (NCCL abort, then rank 0's watchdog); whatever replaces
+        # rank 0 replaces every rank, so the group restarts whole and is gated again.
+        self.containers = [rank0] + [
+            node_container(plan, nodes[plan.node], depends_on=wait_for, parent=self,
+                           replace_with=[rank0])
+            for plan in plans[1:]
         ]
         self.gate = HealthGate(f"{name}-ready", cfg, nodes, plans, self.containers,
                                opts=pulumi.ResourceOptions(parent=self))
+        # A prefill group's rank 0 bootstrap server answering: what decode waits for when the
+        # cluster starts overlapped (see Cluster).
+        self.bootstrap_gate = BootstrapGate(
+            f"{name}-bootstrap", cfg, name, nodes, self.containers,
+            opts=pulumi.ResourceOptions(parent=self)) if bootstrap_gate else None
         self.endpoint = pulumi.Output.from_input(group_endpoint(group))
         self.register_outputs({"endpoint": self.endpoint})

@@ -28,7 +28,9 @@ class SimCluster:
 
     @property
     def image(self) -> str:
-        return self.env["KIMIPD_SIM_IMAGE"]
+        """The sim's current image: `sim/sim up` rebuilds it when sim/standin changes (and prunes
+        older tags), so it is read afresh rather than remembered."""
+        return sim_exports()["KIMIPD_SIM_IMAGE"]
 
     def ssh(self, node: str, command: str, timeout: int = 600,
             stdin: str | None = None) -> subprocess.CompletedProcess:

@@ -196,22 +196,53 @@ def test_decode_only_change_replaces_only_decode(stack: auto.Stack, project: Pro
             assert after[name] == before[name], f"{name} changed on a decode-only edit"
 
 
-def test_drift_a_removed_rank_is_reported_and_recreated(stack: auto.Stack, sim: SimCluster) -> None:
+def wait_until_exited(sim: SimCluster, name: str, seconds: int = 90) -> None:
+    for _ in range(seconds):
+        if container_ids(sim).get(name, "").endswith("exited"):
+            return
+        time.sleep(1)
+    raise AssertionError(f"{name} still running after {seconds}s: {container_ids(sim)}")
+
+
+def test_drift_a_removed_rank_brings_its_whole_group_back(stack: auto.Stack, sim: SimCluster) -> None:
+    before = container_ids(sim)
     sim.docker("10.231.60.7", "rm", "-f", "kimipd-decode-r2")
     # The group dies with it: rank 0's watchdog, then the other ranks (as with NCCL).
-    for _ in range(60):
-        if container_ids(sim)["kimipd-decode-r0"].endswith("exited"):
-            break
-        time.sleep(1)
+    wait_until_exited(sim, "kimipd-decode-r0")
     refresh = stack.refresh()
     changes = refresh.summary.resource_changes
     assert changes.get("delete", 0) + changes.get("update", 0) >= 1, changes
-    result = stack.up()
+    events = Events()
+    result = stack.up(on_event=events)
     assert result.outputs["smokeTest"].value.strip()
-    running = container_ids(sim)
-    assert all(v.endswith("running") for v in running.values()), running
+    after = container_ids(sim)
+    assert all(v.endswith("running") for v in after.values()), after
+    for name in before:
+        if "decode" in name:
+            assert after[name] != before[name], f"{name} was not restarted with its group"
+        else:
+            assert after[name] == before[name], f"{name} changed although its group is healthy"
+    assert {f"decode-r{r}-health" for r in range(4)} | {"smoke-test-generate"} <= events.changed()
     health = sim.ssh("10.231.60.5", "curl -s -o /dev/null -w '%{http_code}' http://10.231.60.5:30000/health")
     assert health.stdout == "200"
+
+
+def test_a_stopped_container_is_replaced_and_gated_not_restarted_in_place(
+        stack: auto.Stack, sim: SimCluster) -> None:
+    """`docker stop` (not rm): refresh records `mustRun` drift; up must replace it (a new id), run
+    its gate and the smoke test again, not start the old container and call that converged."""
+    before = container_ids(sim)
+    sim.docker("10.231.60.5", "stop", "kimipd-router")
+    refresh = stack.refresh()
+    assert refresh.summary.resource_changes.get("update", 0) >= 1, refresh.summary.resource_changes
+    events = Events()
+    result = stack.up(on_event=events)
+    after = container_ids(sim)
+    assert after["kimipd-router"] != before["kimipd-router"] and after["kimipd-router"].endswith("running")
+    assert {name: v for name, v in after.items() if name != "kimipd-router"} == {
+        name: v for name, v in before.items() if name != "kimipd-router"}
+    assert {"router", "router-health", "smoke-test-generate"} <= events.changed(), events.changed()
+    assert result.outputs["smokeTest"].value.strip()
 
 
 def test_serving_false_removes_containers_and_true_restores_them(

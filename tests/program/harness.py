@@ -30,6 +30,8 @@ class Registration:
     provider: str
     inputs: dict[str, Any]
     raw_inputs: dict[str, Any]
+    replace_on_changes: list[str] = field(default_factory=list)
+    replace_with: list[str] = field(default_factory=list)  # URNs
 
 
 @dataclass
@@ -98,7 +100,9 @@ class RecordingMonitor(mocks.MockMonitor):
                 type=request.type, name=request.name, urn=response.urn, parent=request.parent,
                 dependencies=list(request.dependencies), provider=request.provider,
                 inputs=self.resources[response.urn].state if response.urn in self.resources else {},
-                raw_inputs=json_format.MessageToDict(request.object)))
+                raw_inputs=json_format.MessageToDict(request.object),
+                replace_on_changes=list(request.replaceOnChanges),
+                replace_with=list(request.replace_with)))
         return response
 
 

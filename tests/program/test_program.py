@@ -202,3 +202,79 @@ def test_missing_node_file_registers_nothing(values: dict, tmp_path: Path) -> No
     with pytest.raises(Exception) as error:
         run_program(values)
     assert "nodeFiles[0].source" in str(error.value) and "does not exist" in str(error.value)
+
+
+# -- start order: decode waits for prefill's health (sequential) or its bootstrap server --------
+
+
+def test_sequential_start_has_no_bootstrap_gate(run: Run) -> None:
+    assert run.of_type("kimipd:gates:BootstrapGate") == []
+    assert not [r for r in run.resources if r.name.endswith("-bootstrap")]
+
+
+@pytest.fixture
+def overlapped(values: dict) -> Run:
+    return run_program({**values, "startOrder": "overlapped"})
+
+
+def test_overlapped_start_gates_decode_on_prefill_rank0_bootstrap(overlapped: Run) -> None:
+    (gate,) = overlapped.of_type("kimipd:gates:BootstrapGate")
+    assert gate.name == "prefill-bootstrap"
+    assert gate.parent == overlapped.named("prefill").urn
+    check = overlapped.named("prefill-r0-bootstrap")
+    assert check.parent == gate.urn
+    # Polled on rank 0's own node; any HTTP answer from the bootstrap port passes.
+    assert check.inputs["connection"]["value"]["host"] == "174.1.60.1"
+    assert "--url http://174.1.60.1:8998/health --any-status" in check.inputs["create"]
+    assert "--container kimipd-prefill-r0 --node 174.1.60.1" in check.inputs["create"]
+    assert check.inputs["triggers"] == [f"prefill-r{rank}-id" for rank in range(4)]
+
+
+def test_overlapped_start_edges(overlapped: Run) -> None:
+    containers = overlapped.containers()
+    gate = {name: overlapped.named(f"{name}-ready") for name in
+            ("mooncake-master", "prefill", "decode", "router")}
+    bootstrap = overlapped.named("prefill-bootstrap")
+    for rank in range(4):
+        prefill, decode = containers[f"prefill-r{rank}"], containers[f"decode-r{rank}"]
+        assert overlapped.waits_for(prefill, gate["mooncake-master"]), rank
+        # Every prefill rank exists before decode starts (and is stopped after it on destroy).
+        assert overlapped.waits_for(bootstrap, prefill), rank
+        assert overlapped.waits_for(decode, bootstrap), rank
+        assert not overlapped.waits_for(decode, gate["prefill"]), (
+            f"decode rank {rank} still waits for prefill's health gate")
+    # The router and the smoke test wait for every group to be healthy, as before.
+    assert overlapped.waits_for(containers["router"], gate["prefill"])
+    assert overlapped.waits_for(containers["router"], gate["decode"])
+    assert overlapped.waits_for(overlapped.named("smoke-test-generate"), gate["router"])
+    assert overlapped.waits_for(overlapped.named("smoke-test-generate"), gate["prefill"])
+
+
+def test_router_waits_for_every_group_in_sequential_start_too(run: Run) -> None:
+    router = run.containers()["router"]
+    assert run.waits_for(router, run.named("prefill-ready"))
+    assert run.waits_for(router, run.named("decode-ready"))
+
+
+def test_switching_start_order_changes_no_container_or_health_check(run: Run,
+                                                                     overlapped: Run) -> None:
+    """Only edges differ: switching an existing stack replaces nothing and re-runs no gate."""
+    kept = [r for r in run.resources if r.name != "prefill-bootstrap"]
+    for resource in kept:
+        assert resource.raw_inputs == overlapped.by_urn(resource.urn).raw_inputs, (
+            f"{resource.name} would change when switching to overlapped")
+    added = {r.name for r in overlapped.resources} - {r.name for r in run.resources}
+    assert added == {"prefill-bootstrap", "prefill-r0-bootstrap"}
+
+
+def test_a_stopped_container_is_replaced_and_a_group_restarts_whole(run: Run) -> None:
+    """After `refresh` records a stopped container (`mustRun` drift), `up` replaces it (a new id
+    re-runs the gates and the smoke test); ranks >= 1 go whenever rank 0 goes."""
+    containers = run.containers()
+    for role, container in containers.items():
+        assert container.replace_on_changes == ["mustRun"], role
+    for group in ("prefill", "decode"):
+        rank0 = containers[f"{group}-r0"]
+        assert rank0.replace_with == []
+        for rank in range(1, 4):
+            assert containers[f"{group}-r{rank}"].replace_with == [rank0.urn], (group, rank)
