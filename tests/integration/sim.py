@@ -47,7 +47,15 @@ class SimCluster:
 
     def stop_dockerd(self, number: int) -> None:
         """Stop node N's dockerd only (the nodes share one process space: no pkill)."""
-        pid = int(Path(f"/run/kimipd-sim/node{number}/dockerd.pid").read_text())
+        self._stop_daemon(number, "dockerd")
+
+    def stop_sshd(self, number: int) -> None:
+        """Node N unreachable: its sshd stopped (`restart_sim` starts it again)."""
+        self._stop_daemon(number, "sshd")
+
+    @staticmethod
+    def _stop_daemon(number: int, daemon: str) -> None:
+        pid = int(Path(f"/run/kimipd-sim/node{number}/{daemon}.pid").read_text())
         os.kill(pid, signal.SIGTERM)
         for _ in range(100):
             try:

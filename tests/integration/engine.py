@@ -1,0 +1,94 @@
+"""What the engine tests share: the engine, the sim, a project with its stacks, and readers of
+the engine's events and of the nodes' containers."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pulumi import automation as auto
+
+from sim.automation import REQUIRED_PLUGINS, Project, engine_env, installed_plugins
+from tests.conftest import stack_values
+from tests.integration.sim import SimCluster, start_sim, stop_sim
+
+NODES = [f"10.231.60.{i}" for i in range(1, 9)]
+CONTAINER = "docker:index/container:Container"
+
+
+@pytest.fixture(scope="module")
+def env() -> dict[str, str]:
+    env = engine_env()
+    missing = REQUIRED_PLUGINS - installed_plugins(env)
+    if missing:
+        pytest.skip("resource plugins not installed: " + ", ".join(f"{n} {v}" for n, v in sorted(missing))
+                    + " (the Go module proxy serves neither provider; see scripts/install-pulumi)")
+    return env
+
+
+@pytest.fixture(scope="module")
+def sim(env) -> Iterator[SimCluster]:
+    cluster = start_sim()
+    cluster.remove_kimipd_containers(NODES)
+    yield cluster
+    cluster.remove_kimipd_containers(NODES)
+    stop_sim(cluster)
+
+
+@pytest.fixture(scope="module")
+def project(env, sim: SimCluster, tmp_path_factory) -> Project:
+    return Project(tmp_path_factory.mktemp("kimipd-up"), env)
+
+
+def sim_values(sim: SimCluster, **changes) -> dict:
+    values = copy.deepcopy(stack_values("sim"))
+    values["image"] = sim.image
+    values.update(changes)
+    return values
+
+
+def new_stack(project: Project, sim: SimCluster, name: str, values: dict) -> auto.Stack:
+    project.write_stack(name, values)
+    stack = project.stack(name)
+    key = Path(sim.env["KIMIPD_SIM_KEY"]).read_text()
+    stack.set_config("kimipd:sshPrivateKey", auto.ConfigValue(value=key, secret=True))
+    return stack
+
+
+class Events:
+    """The engine's step events, in the order it reported them."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[str, str, str]] = []  # (phase, op, urn)
+
+    def __call__(self, event: auto.EngineEvent) -> None:
+        for phase, payload in (("pre", event.resource_pre_event),
+                               ("done", event.res_outputs_event)):
+            if payload is not None:
+                self.steps.append((phase, auto.OpType(payload.metadata.op).value,
+                                   payload.metadata.urn))
+
+    def changed(self) -> set[str]:
+        """Names of resources with any step other than `same`."""
+        return {urn.rsplit("::", 1)[-1] for phase, op, urn in self.steps
+                if phase == "pre" and op != "same" and "pulumi:pulumi:Stack" not in urn}
+
+    def index(self, phase: str, op: str, name: str, type_: str = "") -> int:
+        for i, (p, o, urn) in enumerate(self.steps):
+            if p == phase and o == op and urn.endswith("::" + name) and type_ in urn:
+                return i
+        raise AssertionError(f"no {phase} {op} event for {name}: {self.steps}")
+
+
+def container_ids(sim: SimCluster) -> dict[str, str]:
+    ids = {}
+    for node in NODES:
+        listing = sim.docker(node, "ps", "-a", "--filter", "label=kimipd.role",
+                             "--format", "{{.Names}} {{.ID}} {{.State}}")
+        for line in listing.stdout.split("\n"):
+            if line.strip():
+                name, cid, state = line.split()
+                ids[name] = f"{cid} {state}"
+    return ids

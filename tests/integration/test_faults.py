@@ -1,0 +1,205 @@
+"""Faults an operator will meet, each through the real engine on the sim, each ending with a
+converging `pulumi up` whose smoke test passes. Tests run in file order on one stack."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pulumi import automation as auto
+
+from sim.automation import Project
+from tests.integration.engine import (  # noqa: F401 - fixtures
+    Events, container_ids, env, new_stack, project, sim, sim_values)
+from tests.integration.sim import SimCluster, restart_sim
+
+pytestmark = pytest.mark.timeout(1800)
+
+ROUTER = "http://10.231.60.5:31000"
+
+
+@pytest.fixture(scope="module")
+def stack(project: Project, sim: SimCluster) -> Iterator[auto.Stack]:
+    stack = new_stack(project, sim, "faults", sim_values(sim))
+    stack.up()
+    yield stack
+    stack.destroy()
+
+
+def converges(stack: auto.Stack) -> dict:
+    result = stack.up()
+    assert result.outputs["smokeTest"].value.strip(), "the smoke test returned no text"
+    return {key: value.value for key, value in result.outputs.items()}
+
+
+def all_running(sim: SimCluster) -> dict[str, str]:
+    ids = container_ids(sim)
+    assert len(ids) == 10 and all(v.endswith("running") for v in ids.values()), ids
+    return ids
+
+
+def pulumi_children() -> list[int]:
+    """The CLI processes the Automation API started from this test process."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == os.getpid() and cmdline[0].endswith(b"pulumi"):
+            found.append(int(entry.name))
+    return found
+
+
+class UpInBackground:
+    """`stack.up()` in a thread, so the test can signal the CLI while a gate waits."""
+
+    def __init__(self, stack: auto.Stack) -> None:
+        self.events = Events()
+        self.error: Exception | None = None
+        self.thread = threading.Thread(target=self._run, args=(stack,), daemon=True)
+        self.thread.start()
+
+    def _run(self, stack: auto.Stack) -> None:
+        try:
+            stack.up(on_event=self.events)
+        except Exception as error:  # noqa: BLE001 - handed to the test
+            self.error = error
+
+    def wait_for_step(self, name: str, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(phase == "pre" and urn.endswith("::" + name)
+                   for phase, _, urn in self.events.steps):
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"{name} never started: {self.events.steps[-5:]}")
+
+    def join(self, timeout: float = 600) -> Exception | None:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "pulumi up did not end"
+        return self.error
+
+
+def test_a_missing_image_fails_up_before_any_serving_container_changes(
+        stack: auto.Stack, project: Project, sim: SimCluster) -> None:
+    before = all_running(sim)
+    missing = sim.image.rsplit(":", 1)[0] + ":no-such-tag"
+    project.update_stack("faults", {"image": missing})
+    preview = stack.preview()
+    assert preview.change_summary.get("replace", 0) + preview.change_summary.get("create", 0) >= 8
+    with pytest.raises(auto.CommandError) as error:
+        stack.up()
+    assert "no-such-tag" in str(error.value)
+    assert all_running(sim) == before, "a container of the previous generation was touched"
+    project.update_stack("faults", {"image": sim.image})
+    converges(stack)
+    assert all_running(sim) == before
+
+
+def test_an_unreachable_node_is_named_and_up_converges_once_it_is_back(
+        stack: auto.Stack, project: Project, sim: SimCluster) -> None:
+    project.update_stack("faults", {"restartGeneration": 1})
+    sim.stop_sshd(6)
+    try:
+        with pytest.raises(auto.CommandError) as error:
+            stack.up()
+        assert "10.231.60.6" in str(error.value)
+    finally:
+        restart_sim()
+    stack.refresh()
+    converges(stack)
+    ids = all_running(sim)
+    labels = sim.docker("10.231.60.6", "inspect", "--format",
+                        '{{index .Config.Labels "kimipd.restart-generation"}}', "kimipd-decode-r1")
+    assert labels.stdout.strip() == "1" and len(ids) == 10
+
+
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGKILL"])
+def test_up_interrupted_while_a_gate_waits_recovers(stack: auto.Stack, project: Project,
+                                                    sim: SimCluster, signal_name: str) -> None:
+    """SIGINT: the CLI cancels gracefully and releases its lock; SIGKILL leaves the lock and
+    pending operations: `pulumi cancel`, then `refresh --clear-pending-creates` (README,
+    troubleshooting)."""
+    generation = {"SIGINT": 2, "SIGKILL": 3}[signal_name]
+    values = sim_values(sim)
+    values["groups"]["decode"]["env"] = {"SGLANG_STANDIN_LOAD_SECONDS": "20"}
+    project.update_stack("faults", {"restartGeneration": generation, "groups": values["groups"]})
+    up = UpInBackground(stack)
+    up.wait_for_step("decode-r0-health")
+    time.sleep(2)
+    for pid in pulumi_children():
+        os.kill(pid, getattr(signal, signal_name))
+    error = up.join()
+    assert error is not None, f"pulumi up survived {signal_name}"
+    if signal_name == "SIGKILL":
+        with pytest.raises(auto.CommandError) as locked:
+            stack.up()
+        assert "locked" in str(locked.value)
+        stack.cancel()
+        stack.refresh(clear_pending_creates=True)
+    converges(stack)
+    all_running(sim)
+
+
+def test_a_second_up_on_the_same_stack_is_refused_by_the_lock(
+        stack: auto.Stack, project: Project, sim: SimCluster) -> None:
+    project.update_stack("faults", {"restartGeneration": 4})
+    first = UpInBackground(stack)
+    first.wait_for_step("mooncake-master")
+    with pytest.raises(auto.CommandError) as error:
+        stack.up()
+    assert "locked" in str(error.value)
+    assert first.join() is None, f"the first up was harmed: {first.error}"
+    all_running(sim)
+
+
+def generate_loop(stop: threading.Event, results: list[int], limit: int = 2000) -> None:
+    body = json.dumps({"text": "load", "sampling_params": {"max_new_tokens": 4}}).encode()
+    while not stop.is_set() and len(results) < limit:
+        request = urllib.request.Request(ROUTER + "/generate", data=body,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                results.append(response.status)
+        except urllib.error.HTTPError as failure:
+            results.append(failure.code)
+        except OSError:
+            results.append(0)
+        time.sleep(0.05)
+
+
+def test_requests_during_a_router_only_change(stack: auto.Stack, project: Project,
+                                              sim: SimCluster) -> None:
+    """A bounded load through the real router while `up` replaces only the router: the figure
+    goes in the README; the router is deleted before it is replaced (fixed name and port)."""
+    values = sim_values(sim)
+    values["router"]["extraArgs"] = ["--request-timeout-secs", "600"]
+    project.update_stack("faults", {"router": values["router"]})
+    stop, results = threading.Event(), []
+    loader = threading.Thread(target=generate_loop, args=(stop, results), daemon=True)
+    loader.start()
+    started = time.monotonic()
+    events = Events()
+    stack.up(on_event=events)
+    stop.set()
+    loader.join(30)
+    failed = sum(1 for status in results if status != 200)
+    print(f"router-only change: {len(results)} requests in {time.monotonic() - started:.0f}s, "
+          f"{failed} failed")
+    assert {"router", "router-health", "smoke-test-generate"} <= events.changed()
+    assert not {name for name in events.changed() if "prefill-r" in name or "decode-r" in name}
+    assert results and results[-1] == 200, results[-10:]
+    assert failed < len(results), "no request succeeded"
