@@ -8,10 +8,20 @@ from components.assets import verify_node_file_sources
 from components.cluster import Cluster
 from components.config import ConfigError, config_warnings, load_cluster_config
 from components.host_keys import resolve_host_keys
-from components.stack_config import ssh_private_key, stack_config_values
+from components.stack_config import (
+    check_stack_secrets,
+    ssh_private_key,
+    stack_config_values,
+    stack_config_warnings,
+)
 
+# Said first, so it shows even when the stack is refused (a misspelt namespace can explain a
+# missing key).
+for warning in stack_config_warnings():
+    pulumi.log.warn(warning)
 # Everything is checked before the first resource is registered: a bad stack touches nothing.
 try:
+    check_stack_secrets()
     config = load_cluster_config(stack_config_values())
     digests = verify_node_file_sources(config.node_files, Path.cwd())
     host_keys = resolve_host_keys(config)

@@ -3,14 +3,17 @@
 # Fails at once if the container stops running, or after TIMEOUT seconds; on failure names the
 # node and the container and prints the last 100 lines of its log, so `pulumi up` shows which
 # rank died and why.
+# --any-status: any HTTP answer passes (the port accepts connections and speaks HTTP); used for
+# prefill rank 0's KV bootstrap server, which opens before the model has loaded.
 #
 # usage: wait-healthy.sh --url URL --container NAME --node ADDRESS --timeout SECONDS
-#                        --interval SECONDS
+#                        --interval SECONDS [--any-status]
 set -uo pipefail
 
-url="" container="" node="this node" timeout=1800 interval=10
+url="" container="" node="this node" timeout=1800 interval=10 any_status=""
 while (($# > 0)); do
   case "$1" in
+    --any-status) any_status=1; shift; continue ;;
     --url) url="$2" ;;
     --container) container="$2" ;;
     --node) node="$2" ;;
@@ -32,6 +35,11 @@ while true; do
   elapsed=$((SECONDS - start))
   if [[ "${code}" == 200 ]]; then
     echo "${container}: healthy after ${elapsed}s (${url})"
+    exit 0
+  fi
+  # curl writes 000 when nothing answered (refused, reset, timed out).
+  if [[ -n "${any_status}" && "${code}" != 000 ]]; then
+    echo "${container}: answering after ${elapsed}s (${url}: HTTP ${code})"
     exit 0
   fi
   state=$(docker inspect --format '{{.State.Status}} (exit code {{.State.ExitCode}})' \

@@ -39,7 +39,7 @@ def verify_node_file_sources(node_files: list[NodeFileSpec], base_dir: Path) -> 
         digest = sha256_of(source)
         if node_file.sha256 is not None and digest != node_file.sha256:
             problems.append(f"{key}: {node_file.source!r} has sha256 {digest}, but "
-                            f"nodeFiles[{index}].sha256 expects {node_file.sha256}; the file "
+                            f"nodeFiles[{index}].sha256 expects {node_file.sha256!r}; the file "
                             "changed or is the wrong build: fetch the right one or update sha256.")
         digests[node_file.destination] = digest
     if problems:

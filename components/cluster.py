@@ -60,18 +60,26 @@ class Cluster(pulumi.ComponentResource):
         # order is the reverse, which Pulumi derives from these same edges on destroy.
         self.mooncake_master = MooncakeMaster(cfg, self.nodes, wait_for=every_node_ready,
                                               opts=child)
+        overlapped = cfg.start_order == "overlapped"
         self.prefill = {
             name: ServingGroup(name, cfg, self.nodes, wait_for=[self.mooncake_master.gate],
-                               opts=child)
+                               bootstrap_gate=overlapped, opts=child)
             for name in cfg.groups_in_mode("prefill")
         }
         prefill_gates = [group.gate for group in self.prefill.values()]
+        # sequential: decode starts once prefill is healthy (P + D model loads, as the runbook
+        # ran). overlapped: once every prefill rank 0's bootstrap server answers, which SGLang
+        # opens before the model loads; decode's start never dials prefill (max(P, D)).
+        decode_waits_for = ([group.bootstrap_gate for group in self.prefill.values()]
+                            if overlapped else prefill_gates)
         self.decode = {
-            name: ServingGroup(name, cfg, self.nodes, wait_for=prefill_gates, opts=child)
+            name: ServingGroup(name, cfg, self.nodes, wait_for=decode_waits_for, opts=child)
             for name in cfg.groups_in_mode("decode")
         }
         decode_gates = [group.gate for group in self.decode.values()]
-        self.router = Router(cfg, self.nodes, wait_for=decode_gates, opts=child)
+        # Every group healthy, whatever the start order: the router sends traffic to both.
+        self.router = Router(cfg, self.nodes, wait_for=[*prefill_gates, *decode_gates],
+                             opts=child)
         self.smoke_test = SmokeTest(
             cfg, self.nodes[cfg.router.node], self.router,
             [self.mooncake_master.gate, *prefill_gates, *decode_gates], opts=child)

@@ -7,16 +7,24 @@ lives here, in validators whose messages name the key, the value, the reason and
 
 from __future__ import annotations
 
+import base64
+import binascii
+import difflib
 import ipaddress
+import json
+import posixpath
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
 
 from . import versions
 from .cli_spec import CliTable, router_table, sglang_table
@@ -42,6 +50,101 @@ class _Model(BaseModel):
     )
 
 
+# -- value grammars: what docker, ssh and the kernel accept, checked before anything runs --------
+
+# Public host key types an sshd offers (what ssh-keyscan and known_hosts carry).
+HOST_KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384",
+                  "ecdsa-sha2-nistp521", "ssh-rsa", "sk-ssh-ed25519@openssh.com",
+                  "sk-ecdsa-sha2-nistp256@openssh.com")
+_FINGERPRINT = re.compile(r"(?:SHA256|MD5):\S+|(?:[0-9a-fA-F]{2}:){15}[0-9a-fA-F]{2}")
+
+
+def host_key_problem(value: str) -> str | None:
+    """Why VALUE is not `TYPE BASE64` of a public host key, or None."""
+    fields = value.split()
+    if _FINGERPRINT.fullmatch(value.strip()):
+        return "is a fingerprint, not a key (ssh shows fingerprints, but pins the key itself)"
+    if len(fields) == 3 and fields[1] in HOST_KEY_TYPES:
+        return (f"starts with the host name {fields[0]!r} (a known_hosts line); hostKey is the "
+                "key alone")
+    if len(fields) != 2 or fields[0] not in HOST_KEY_TYPES:
+        return f"is not `TYPE BASE64` with TYPE one of {', '.join(HOST_KEY_TYPES)}"
+    try:
+        blob = base64.b64decode(fields[1], validate=True)
+    except (binascii.Error, ValueError):
+        return "has a key part that is not base64"
+    length = int.from_bytes(blob[:4], "big")
+    if blob[4:4 + length] != fields[0].encode():
+        return f"has a key part that is not a {fields[0]} key (copied from another line?)"
+    return None
+
+
+# docker's reference grammar (distribution/reference): [HOST[:PORT]/]PATH[:TAG][@DIGEST].
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"
+IMAGE_REFERENCE = re.compile(
+    rf"(?P<name>(?:(?P<domain>{_DOMAIN})/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*)"
+    r"(?::(?P<tag>[\w][\w.-]{0,127}))?"
+    r"(?:@(?P<digest>[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}))?",
+    re.ASCII)
+
+
+def image_reference_problem(value: str) -> str | None:
+    """Why docker would refuse VALUE as an image reference, or None."""
+    if not value.strip():
+        return "is empty"
+    if value != value.strip() or any(c.isspace() for c in value):
+        return "contains whitespace"
+    if value.endswith(":") or ":@" in value:
+        return "has an empty tag"
+    if value.endswith("@"):
+        return "has an empty digest"
+    match = IMAGE_REFERENCE.fullmatch(value)
+    if match is None:
+        if value.lower() != value and IMAGE_REFERENCE.fullmatch(value.lower()):
+            return "has upper-case letters in its repository name (docker wants lower case)"
+        return "does not follow docker's reference grammar"
+    domain = match.group("domain")
+    # docker reads a first component as a registry only if it has a `.` or `:` or is localhost.
+    if domain is not None and not ("." in domain or ":" in domain or domain == "localhost") \
+            and domain.lower() != domain:
+        return "has upper-case letters in its repository name (docker wants lower case)"
+    if len(match.group("name")) > 255:
+        return "has a name longer than 255 characters"
+    return None
+
+
+# docker's `--ulimit` names (docker/go-units ulimit.go).
+ULIMIT_NAMES = ("core", "cpu", "data", "fsize", "locks", "memlock", "msgqueue", "nice", "nofile",
+                "nproc", "rss", "rtprio", "rttime", "sigpending", "stack")
+# Linux capabilities (linux/capability.h); docker takes them with or without CAP_, or ALL.
+CAPABILITIES = (
+    "CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID",
+    "SETPCAP", "LINUX_IMMUTABLE", "NET_BIND_SERVICE", "NET_BROADCAST", "NET_ADMIN", "NET_RAW",
+    "IPC_LOCK", "IPC_OWNER", "SYS_MODULE", "SYS_RAWIO", "SYS_CHROOT", "SYS_PTRACE", "SYS_PACCT",
+    "SYS_ADMIN", "SYS_BOOT", "SYS_NICE", "SYS_RESOURCE", "SYS_TIME", "SYS_TTY_CONFIG", "MKNOD",
+    "LEASE", "AUDIT_WRITE", "AUDIT_CONTROL", "SETFCAP", "MAC_OVERRIDE", "MAC_ADMIN", "SYSLOG",
+    "WAKE_ALARM", "BLOCK_SUSPEND", "AUDIT_READ", "PERFMON", "BPF", "CHECKPOINT_RESTORE")
+
+
+def _did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """` (did you mean 'X'?)` for the one choice WORD is probably a misspelling of, else ``."""
+    folded = {choice.lower(): choice for choice in choices}
+    close = difflib.get_close_matches(word.lower(), list(folded), n=1, cutoff=0.6)
+    # An abbreviation (`dest`) is far from its word by edit distance, but only one word starts so.
+    close = close or [f for f in folded if f.startswith(word.lower())][:2]
+    return f" (did you mean {folded[close[0]]!r}?)" if len(close) == 1 else ""
+
+
+def _absolute_path(value: str, what: str, example: str) -> str:
+    """VALUE unchanged if it is an absolute path; else a ValueError naming WHAT it is for."""
+    if not value.startswith("/"):
+        raise ValueError(f"{value!r} is not an absolute path; {what}: write the full path, "
+                         f"e.g. {example}")
+    return value
+
+
 class NodeSpec(_Model):
     """One GPU host, reached over SSH."""
 
@@ -59,9 +162,22 @@ class NodeSpec(_Model):
             ipaddress.IPv4Address(value)
         except ValueError:
             raise ValueError(
-                f"address {value!r} is not an IPv4 address; write the node's compute-network "
+                f"{value!r} is not an IPv4 address; write the node's compute-network "
                 "address, e.g. 174.1.60.1"
             ) from None
+        return value
+
+    @field_validator("host_key")
+    @classmethod
+    def _public_key(cls, value: str | None) -> str | None:
+        # Caught here, a wrong pin fails at preview; at `up` it fails every SSH dial of the node
+        # after other nodes' preparation has started.
+        if value is not None:
+            problem = host_key_problem(value)
+            if problem is not None:
+                raise ValueError(f"{value!r} {problem}; paste the node's public host key as "
+                                 "`TYPE BASE64` (the last two fields of `ssh-keyscan -t ed25519 "
+                                 "ADDRESS`, once its fingerprint matches the node's own)")
         return value
 
     @property
@@ -70,8 +186,18 @@ class NodeSpec(_Model):
 
 
 class ModelSpec(_Model):
+    # Inside the containers: mounted by container.volumes, or carried by the image (inImage).
     path: str
     served_model_name: str | None = None
+    # true: the image itself carries model.path, so no volume has to mount it.
+    in_image: bool = False
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        # SGLang reads a path that does not exist as a Hugging Face hub id and starts downloading.
+        return _absolute_path(value, "SGLang would take a relative path for a Hugging Face hub "
+                              "id and try to download it", "/data/models/Kimi-K3")
 
 
 class GroupSpec(_Model):
@@ -125,16 +251,21 @@ class NodeFileSpec(_Model):
 
     @field_validator("destination")
     @classmethod
-    def _absolute(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError(f"destination {value!r} must be an absolute path on the node")
+    def _file_path(cls, value: str) -> str:
+        example = "/tmp/patch_k3_sm120.py"
+        _absolute_path(value, "the file is copied to this path on every node", example)
+        if value.rsplit("/", 1)[1] in ("", ".", ".."):
+            # The copy and the container's mount both need the file's own path.
+            raise ValueError(f"{value!r} names a directory, not a file; the file is copied and "
+                             f"mounted at exactly this path: add the file name, e.g. {example}")
         return value
 
     @field_validator("sha256")
     @classmethod
     def _hex(cls, value: str | None) -> str | None:
         if value is not None and not re.fullmatch(r"[0-9a-f]{64}", value):
-            raise ValueError(f"sha256 {value!r} is not 64 lowercase hex digits")
+            raise ValueError(f"{value!r} is not 64 lowercase hex digits; write what `sha256sum "
+                             "SOURCE` prints (lower case), or remove sha256")
         return value
 
     @property
@@ -160,6 +291,21 @@ class NetworkSpec(_Model):
     # RoCE GID index for NCCL and Mooncake; unset leaves the libraries' defaults.
     ib_gid_index: int | None = None
 
+    @field_validator("rdma_devices")
+    @classmethod
+    def _devices_named(cls, value: list[str]) -> list[str]:
+        # The list becomes --disaggregation-ib-device and NCCL_IB_HCA (comma-joined) and what
+        # preflight checks; empty, SGLang and NCCL pick adapters themselves, unchecked.
+        fix = "list the compute network's RDMA devices, e.g. [mlx5_0, mlx5_1, mlx5_2, mlx5_3]"
+        if not value:
+            raise ValueError("[] names no RDMA device, so Mooncake and NCCL pick adapters "
+                             f"themselves and preflight checks none; {fix}")
+        for device in value:
+            if not device.strip() or "," in device or any(c.isspace() for c in device):
+                raise ValueError(f"{value!r}: {device!r} is not one device name (the list is "
+                                 f"joined with commas for SGLang and NCCL); {fix}")
+        return value
+
     @property
     def nccl_interface(self) -> str:
         return self.nccl_socket_interface or self.compute_interface
@@ -174,6 +320,21 @@ class VolumeSpec(_Model):
     container_path: str
     read_only: bool = True
 
+    @field_validator("host_path")
+    @classmethod
+    def _host_absolute(cls, value: str) -> str:
+        return _absolute_path(value, "docker reads a name that is not a path as a named volume "
+                              "(a new, empty one) and refuses other relative paths", "/data/models")
+
+    @field_validator("container_path")
+    @classmethod
+    def _container_absolute(cls, value: str) -> str:
+        _absolute_path(value, "docker refuses a relative mount point", "/data/models")
+        if PurePosixPath(value) == PurePosixPath("/"):
+            raise ValueError(f"{value!r} would hide the image's whole file system (docker refuses "
+                             "it); mount on a directory below /, e.g. /data/models")
+        return value
+
 
 class ContainerSpec(_Model):
     gpus: str | None = "all"
@@ -187,6 +348,37 @@ class ContainerSpec(_Model):
     volumes: list[VolumeSpec] = []
     env: dict[str, str] = {}
 
+    @field_validator("devices")
+    @classmethod
+    def _device_paths(cls, value: list[str]) -> list[str]:
+        for device in value:
+            _absolute_path(device, "docker maps a device by its path on the node",
+                           "/dev/infiniband")
+        return value
+
+    @field_validator("ulimits")
+    @classmethod
+    def _ulimit_names(cls, value: dict[str, int]) -> dict[str, int]:
+        # docker refuses the container at create time, after every node has been prepared.
+        for name in value:
+            if name not in ULIMIT_NAMES:
+                raise ValueError(f"{name!r} is not a ulimit name docker knows"
+                                 f"{_did_you_mean(name, ULIMIT_NAMES)}, so it refuses to create "
+                                 f"the container: use one of {', '.join(ULIMIT_NAMES)}")
+        return value
+
+    @field_validator("capabilities")
+    @classmethod
+    def _capability_names(cls, value: list[str]) -> list[str]:
+        for capability in value:
+            name = capability.upper().removeprefix("CAP_")
+            if name != "ALL" and name not in CAPABILITIES:
+                raise ValueError(f"{capability!r} is not a Linux capability"
+                                 f"{_did_you_mean(name, CAPABILITIES)}; docker refuses the "
+                                 "container: use a name from capabilities(7) without CAP_, "
+                                 "e.g. IPC_LOCK")
+        return value
+
 
 class PreflightSpec(_Model):
     enabled: bool = True
@@ -197,8 +389,15 @@ class PreflightSpec(_Model):
     disk_path: str = "/var/lib/docker"
     min_free_disk_gb: int = Field(default=200, ge=0)
     # model.path's config.json on every rank's node, through the volume that mounts it; skipped
-    # when no volume covers model.path (the image may carry the model).
+    # when no volume covers model.path (model.inImage: the image carries the model).
     check_model: bool = True
+
+    @field_validator("disk_path")
+    @classmethod
+    def _disk_absolute(cls, value: str) -> str:
+        return _absolute_path(value, "preflight measures free space there on every node (a "
+                              "relative path would be read from the SSH user's home)",
+                              "/var/lib/docker")
 
 
 class GatesSpec(_Model):
@@ -222,6 +421,31 @@ class ConnectionSpec(_Model):
     per_dial_timeout_seconds: int = Field(default=15, ge=1)
 
 
+class VerificationSpec(_Model):
+    """`scripts/kimipd verify`: the runbook's requests (exact token counts) and, where measured
+    on this cluster, the figures a regression falls short of. Not used by the deployment."""
+
+    class Request(_Model):
+        name: str
+        input_tokens: int = Field(ge=1)
+        output_tokens: int = Field(ge=1)
+        # The alias generator would spell it maxE2ESeconds.
+        max_e2e_seconds: float | None = Field(default=None, gt=0, alias="maxE2eSeconds")
+        # input tokens / time to first token
+        min_prefill_tokens_per_second: float | None = Field(default=None, gt=0)
+        # (output tokens - 1) / (end-to-end - time to first token)
+        min_decode_tokens_per_second: float | None = Field(default=None, gt=0)
+
+    # The runbook's step-6 shapes (warmup, medium, long input), without thresholds.
+    baseline: list[Request] = [
+        Request(name="warmup", input_tokens=6, output_tokens=16),
+        Request(name="medium", input_tokens=1680, output_tokens=512),
+        Request(name="long", input_tokens=5280, output_tokens=256),
+    ]
+    # How far a measurement may fall short of a threshold before it counts as a regression.
+    tolerance: float = Field(default=0.1, ge=0, lt=1)
+
+
 class ClusterConfig(_Model):
     image: str
     # The Mooncake version the image itself ships; only consulted when no Mooncake wheel is
@@ -239,16 +463,43 @@ class ClusterConfig(_Model):
     gates: GatesSpec = GatesSpec()
     smoke_test: SmokeTestSpec = SmokeTestSpec()
     connection: ConnectionSpec = ConnectionSpec()
+    verification: VerificationSpec = VerificationSpec()
     # false: keep node preparation (files, image, preflight), remove every container.
     serving: bool = True
     # Bumping it replaces every container, in dependency order (the runbook's `restart`).
     restart_generation: int = Field(default=0, ge=0)
+    # When decode may start. sequential (runbook rule 2 as run): once every prefill group is
+    # healthy. overlapped: once each prefill rank 0's KV bootstrap server answers (SGLang 0.5.19
+    # starts it before the model loads, and decode's start never dials prefill), so the two
+    # loads overlap. Either way the router waits for every group's health gate.
+    start_order: Literal["sequential", "overlapped"] = "sequential"
 
     @field_validator("image_mooncake_version", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: str | None) -> str | None:
         # Pulumi.yaml's default is "" (its schema has no null).
         return value or None
+
+    @field_validator("image_mooncake_version")
+    @classmethod
+    def _version_form(cls, value: str | None) -> str | None:
+        if value is not None and not _VERSION.match(value):
+            raise ValueError(f"{value!r} is not a Mooncake version (X.Y.Z or X.Y.Z.postN), so it "
+                             "cannot be compared with the minimum: write it as `pip show "
+                             "mooncake-transfer-engine` prints it, e.g. 0.3.12.post1, or leave it "
+                             "empty")
+        return value
+
+    @field_validator("image")
+    @classmethod
+    def _image_reference(cls, value: str) -> str:
+        # Caught here rather than by `docker pull` on every node once their preparation started.
+        problem = image_reference_problem(value)
+        if problem is not None:
+            raise ValueError(f"{value!r} {problem}, so docker cannot pull it; write "
+                             "[REGISTRY[:PORT]/]REPOSITORY[:TAG][@sha256:DIGEST] in lower case, "
+                             "e.g. lmsysorg/sglang:kimi-k3")
+        return value
 
     # -- derived views (no component re-derives these) ------------------------------------
 
@@ -299,9 +550,14 @@ class ClusterConfig(_Model):
         problems = [
             *_unknown_nodes(self),
             *_duplicate_nodes(self),
+            *_group_names(self),
             *_group_shape(self),
             *_groups_share_no_node_per_mode(self),
+            *_gpus_per_node(self),
             *_both_modes_present(self),
+            *_model_reachable(self),
+            *_mount_points_distinct(self),
+            *_restart_only_by_the_program(self),
             *_no_expandable_segments(self),
             *_compute_network_only(self),
             *_no_nixl(self),
@@ -352,15 +608,31 @@ def _group_shape(cfg: ClusterConfig) -> Iterable[str]:
             yield (f"{key}.distInitHost: {group.dist_init_host!r} is not the group's first node "
                    f"{group.rank0!r}; rank 0 runs on the first node of `nodes` and every rank "
                    "dials it: reorder `nodes` or remove distInitHost.")
-        if seen <= _addresses(cfg):
+        # A duplicate or undeclared node is refused above; its GPUs would only mislead here.
+        tp_spans = True
+        if seen <= _addresses(cfg) and len(seen) == len(group.nodes):
             gpus = sum(cfg.node(address).gpus for address in group.nodes)
-            if group.tp_size != gpus:
+            tp_spans = group.tp_size == gpus
+            if not tp_spans:
                 yield (f"{key}.tpSize: {group.tp_size} does not span the group's GPUs "
                        f"({len(group.nodes)} nodes, {gpus} GPUs); SGLang shards one server "
                        f"over every GPU of its nodes: set tpSize to {gpus} or change the nodes.")
-        if group.ep_size > group.tp_size:
+        # While tpSize itself is refused, its fix decides what epSize must fit: no verdict yet.
+        if tp_spans and group.ep_size > group.tp_size:
             yield (f"{key}.epSize: {group.ep_size} exceeds tpSize {group.tp_size}; experts are "
                    f"sharded over the tensor-parallel ranks: set epSize <= {group.tp_size}.")
+        elif tp_spans and group.tp_size % group.ep_size:
+            divisors = [n for n in range(1, group.tp_size + 1) if group.tp_size % n == 0]
+            yield (f"{key}.epSize: {group.ep_size} does not divide tpSize {group.tp_size}; "
+                   "SGLang splits the tensor-parallel ranks into epSize expert groups of equal "
+                   "size (0.5.19 stops loading with 'tp_size must be divisible by ep_size'): "
+                   f"set epSize to a divisor of {group.tp_size} "
+                   f"({', '.join(map(str, divisors))}).")
+        last = group.dist_init_port + 7
+        if len(group.nodes) > 1 and last > 65535:
+            yield (f"{key}.distInitPort: {group.dist_init_port} leaves no room for the 7 ports "
+                   f"rank 0 binds after it (up to {last}, past 65535): set it to "
+                   f"{65535 - 7} or lower.")
 
 
 def _addresses(cfg: ClusterConfig) -> set[str]:
@@ -371,18 +643,120 @@ def _groups_share_no_node_per_mode(cfg: ClusterConfig) -> Iterable[str]:
     for mode in ("prefill", "decode"):
         owner: dict[str, str] = {}
         for name, group in cfg.groups_in_mode(mode).items():
-            for address in group.nodes:
-                if address in owner:
-                    yield (f"groups.{name}.nodes: {address!r} is already in {mode} group "
-                           f"{owner[address]!r}; a node's GPUs serve one {mode} group.")
+            for rank, address in enumerate(group.nodes):
+                if address in owner and owner[address] != name:
+                    yield (f"groups.{name}.nodes[{rank}]: {address!r} is already in {mode} group "
+                           f"{owner[address]!r}; a node's GPUs serve one {mode} group: use "
+                           "another node.")
                 owner.setdefault(address, name)
 
 
 def _both_modes_present(cfg: ClusterConfig) -> Iterable[str]:
+    written = ", ".join(f"{name}: {group.mode}" for name, group in cfg.groups.items())
     for mode in ("prefill", "decode"):
         if not cfg.groups_in_mode(mode):
-            yield (f"groups: no group has mode {mode!r}; PD disaggregation needs at least one "
-                   "prefill and one decode group.")
+            yield (f"groups: no group has mode {mode!r} ({written}); PD disaggregation needs at "
+                   f"least one prefill and one decode group: add a group with `mode: {mode}`.")
+
+
+# What docker takes after a container name's first character; each rank's is kimipd-GROUP-rRANK.
+_CONTAINER_NAME = re.compile(r"[a-zA-Z0-9_.-]+")
+
+
+def _group_names(cfg: ClusterConfig) -> Iterable[str]:
+    for name in cfg.groups:
+        if not _CONTAINER_NAME.fullmatch(name):
+            tidy = re.sub(r"[^a-zA-Z0-9_.-]+", "-", name).strip("-_.") or "prefill"
+            yield (f"groups: {name!r} cannot be part of a container name (kimipd-{name}-r0): "
+                   "docker takes letters, digits, `_`, `.` and `-` only: rename the group, e.g. "
+                   f"{tidy!r}.")
+
+
+def _gpus_per_node(cfg: ClusterConfig) -> Iterable[str]:
+    """Each rank claims tpSize / len(nodes) GPUs of its node, starting at GPU 0 (every container
+    sees all of the node's GPUs); together the ranks on a node must fit in its `gpus`."""
+    known = _addresses(cfg)
+    claims: dict[str, list[tuple[str, str, int, int]]] = {}  # address -> (group, mode, rank, gpus)
+    for name, group in cfg.groups.items():
+        nodes = group.nodes
+        # Duplicate or undeclared nodes, or a tpSize that does not span the nodes: refused above.
+        if len(set(nodes)) != len(nodes) or not set(nodes) <= known:
+            continue
+        if group.tp_size != sum(cfg.node(address).gpus for address in nodes):
+            continue
+        if group.tp_size % len(nodes):
+            yield (f"groups.{name}.tpSize: {group.tp_size} is not a multiple of the group's "
+                   f"{len(nodes)} nodes; SGLang gives every rank tpSize / nodes GPUs, so the "
+                   "nodes' GPU counts must be equal: give the group nodes with the same number of "
+                   "GPUs.")
+            continue
+        for rank, address in enumerate(nodes):
+            claims.setdefault(address, []).append(
+                (name, group.mode, rank, group.tp_size // len(nodes)))
+    for index, node in enumerate(cfg.nodes):
+        on_node = claims.get(node.address, [])
+        modes = [mode for _, mode, _, _ in on_node]
+        total = sum(gpus for _, _, _, gpus in on_node)
+        # Two groups of one mode on a node are refused by _groups_share_no_node_per_mode.
+        if total <= node.gpus or len(modes) != len(set(modes)):
+            continue
+        name, _, rank, gpus = on_node[-1]
+        key = f"groups.{name}.nodes[{rank}]"
+        if len(on_node) == 1:
+            yield (f"{key}: {node.address!r} has {node.gpus} GPUs (nodes[{index}].gpus), but "
+                   f"{name} rank {rank} would use {gpus} (tpSize {cfg.groups[name].tp_size} / "
+                   f"{len(cfg.groups[name].nodes)} nodes; SGLang gives every rank the same "
+                   "share): give the group nodes with the same number of GPUs.")
+            continue
+        listed = ", ".join(f"{group} rank {r}: {n}" for group, _, r, n in on_node)
+        yield (f"{key}: {node.address!r} already runs "
+               f"{', '.join(f'{g} rank {r}' for g, _, r, _ in on_node[:-1])}; its ranks would "
+               f"claim {total} GPUs ({listed}) of its {node.gpus} (nodes[{index}].gpus), and "
+               "every container sees all of the node's GPUs from GPU 0, so the groups would load "
+               "onto the same GPUs: give each group nodes of its own.")
+
+
+def _covers(mount_point: str, path: str) -> bool:
+    mount_point, path = posixpath.normpath(mount_point), posixpath.normpath(path)
+    return path == mount_point or path.startswith(mount_point.rstrip("/") + "/")
+
+
+def _model_reachable(cfg: ClusterConfig) -> Iterable[str]:
+    if cfg.model.in_image:
+        return
+    volumes = [volume.container_path for volume in cfg.container.volumes]
+    if any(_covers(point, cfg.model.path) for point in volumes):
+        return
+    mounted = ", ".join(repr(point) for point in volumes) or "none"
+    yield (f"model.path: {cfg.model.path!r} is not inside any volume mounted into the containers "
+           f"(container.volumes[].containerPath: {mounted}), so the ranks would not find it and "
+           "SGLang would take it for a Hugging Face hub id: mount the directory that holds it "
+           "(container.volumes), or set model.inImage: true if the image carries it.")
+
+
+def _mount_points_distinct(cfg: ClusterConfig) -> Iterable[str]:
+    # Every node file is mounted at its destination too (render.container_mounts).
+    seen: dict[str, str] = {}
+    for index, node_file in enumerate(cfg.node_files):
+        point = posixpath.normpath(node_file.destination)
+        seen.setdefault(point, f"nodeFiles[{index}].destination")
+    for index, volume in enumerate(cfg.container.volumes):
+        key = f"container.volumes[{index}].containerPath"
+        point = posixpath.normpath(volume.container_path)
+        if point in seen:
+            yield (f"{key}: {volume.container_path!r} is already mounted by {seen[point]}; docker "
+                   "refuses two mounts on one point (Duplicate mount point) when it creates the "
+                   "containers: mount it elsewhere or remove one.")
+        seen.setdefault(point, key)
+
+
+def _restart_only_by_the_program(cfg: ClusterConfig) -> Iterable[str]:
+    multi_node = [name for name, group in cfg.groups.items() if len(group.nodes) > 1]
+    if cfg.container.restart != "no" and multi_node:
+        yield (f"container.restart: {cfg.container.restart!r} lets docker restart a rank of a "
+               f"multi-node group ({', '.join(multi_node)}) on its own, and a lone restarted rank "
+               "cannot rejoin its NCCL group (docs/decisions.md): set it to 'no'; a dead group "
+               "comes back with `pulumi refresh` then `pulumi up`.")
 
 
 def _all_env(cfg: ClusterConfig) -> Iterable[tuple[str, Mapping[str, str]]]:
@@ -411,10 +785,11 @@ def _no_expandable_segments(cfg: ClusterConfig) -> Iterable[str]:
 def _compute_network_only(cfg: ClusterConfig) -> Iterable[str]:
     net = cfg.network
     management = net.management_interface
-    reason = (f"NCCL/GLOO traffic must use the compute network ({net.compute_interface}), "
-              f"never the management network {management}")
-    for key, value in (("network.ncclSocketInterface", net.nccl_interface),
-                       ("network.glooSocketInterface", net.gloo_interface),
+    reason = ("NCCL/GLOO traffic must use the compute network, never the management network "
+              f"{management}")
+    # Only the keys the stack sets: NCCL/GLOO's defaults follow computeInterface.
+    for key, value in (("network.ncclSocketInterface", net.nccl_socket_interface),
+                       ("network.glooSocketInterface", net.gloo_socket_interface),
                        ("network.computeInterface", net.compute_interface)):
         if value == management:
             yield (f"{key}: {value!r} is the management interface; {reason}: set it to the "
@@ -436,9 +811,10 @@ def _compute_network_only(cfg: ClusterConfig) -> Iterable[str]:
 def _no_nixl(cfg: ClusterConfig) -> Iterable[str]:
     for name, group in cfg.groups.items():
         if group.transfer_backend.lower() == "nixl":
-            yield (f"groups.{name}.transferBackend: 'nixl' fails on this hardware (single VRAM "
-                   "transfers above ~20 MB end in NIXL_ERR_REMOTE_DISCONNECT and SGLang sends a "
-                   "request's whole KV at once); use 'mooncake'.")
+            yield (f"groups.{name}.transferBackend: {group.transfer_backend!r} (NIXL) fails on "
+                   "this hardware (single VRAM transfers above ~20 MB end in "
+                   "NIXL_ERR_REMOTE_DISCONNECT and SGLang sends a request's whole KV at once); "
+                   "use 'mooncake'.")
         elif group.transfer_backend != "mooncake":
             yield (f"groups.{name}.transferBackend: {group.transfer_backend!r} is not supported "
                    "by this program; use 'mooncake'.")
@@ -534,11 +910,12 @@ def _mooncake_new_enough(cfg: ClusterConfig) -> Iterable[str]:
             version = wheel_version(node_file.file_name)
             too_old = parse_mooncake_version(version) < minimum
         except ValueError as error:
-            yield (f"nodeFiles[{index}].destination: {error}; name the wheel as pip built it "
+            yield (f"nodeFiles[{index}].destination: {node_file.destination!r} does not say which "
+                   f"Mooncake it is ({error}), and {reason}: name the wheel as pip built it "
                    f"(e.g. mooncake_transfer_engine_cuda13-{MIN_MOONCAKE_VERSION}-cp312-...whl).")
             continue
         if too_old:
-            yield (f"nodeFiles[{index}].destination: {node_file.file_name!r} is Mooncake "
+            yield (f"nodeFiles[{index}].destination: {node_file.destination!r} is Mooncake "
                    f"{version}; {reason}: ship the {MIN_MOONCAKE_VERSION} wheel or newer.")
     if not wheels:
         image_version = cfg.image_mooncake_version
@@ -560,26 +937,40 @@ def _router_policy(cfg: ClusterConfig) -> Iterable[str]:
 def _ports_do_not_collide(cfg: ClusterConfig) -> Iterable[str]:
     """Every listening port a process binds, per node. Every rank binds --port (rank 0 the API,
     ranks >= 1 SGLang's dummy health server); rank 0 also binds dist-init+1..+7."""
-    bound: dict[tuple[str, int], str] = {}
+    bound: dict[tuple[str, int], tuple[str, str | None]] = {}  # -> (key, group)
+    reported: set[tuple[str, str]] = set()
     problems = []
+    fix = ("every container uses the node's own network (host networking), so one port, one "
+           "process: choose another port.")
 
-    def bind(address: str, port: int, owner: str) -> None:
-        if (address, port) in bound and bound[(address, port)] != owner:
-            problems.append(f"{owner}: port {port} on {address} is already used by "
-                            f"{bound[(address, port)]}; choose another port.")
-        bound.setdefault((address, port), owner)
+    def bind(address: str, port: int, owner: str, group: str | None = None,
+             written: int | None = None) -> None:
+        other, other_group = bound.setdefault((address, port), (owner, group))
+        if other == owner or (owner, other) in reported:
+            return
+        # Two groups' ranks on one node are refused as such (_gpus_per_node,
+        # _groups_share_no_node_per_mode): the fix is another node, not another port.
+        if group is not None and other_group is not None and group != other_group:
+            return
+        reported.add((owner, other))
+        if written is None or written == port:
+            problems.append(f"{owner}: {port} on {address} is already used by {other}; {fix}")
+        else:
+            problems.append(f"{owner}: {written} makes rank 0 bind {written}-{written + 7} on "
+                            f"{address}, and {port} is already used by {other}; {fix}")
 
     master = cfg.mooncake_master
     bind(master.node, master.rpc_port, "mooncakeMaster.rpcPort")
     bind(master.node, master.metrics_port, "mooncakeMaster.metricsPort")
     for name, group in cfg.groups.items():
         for address in group.nodes:
-            bind(address, group.http_port, f"groups.{name}.httpPort")
+            bind(address, group.http_port, f"groups.{name}.httpPort", name)
         if group.mode == "prefill":
-            bind(group.rank0, group.bootstrap_port, f"groups.{name}.bootstrapPort")
+            bind(group.rank0, group.bootstrap_port, f"groups.{name}.bootstrapPort", name)
         if len(group.nodes) > 1:
             for offset in range(8):
-                bind(group.rank0, group.dist_init_port + offset, f"groups.{name}.distInitPort")
+                bind(group.rank0, group.dist_init_port + offset, f"groups.{name}.distInitPort",
+                     name, group.dist_init_port)
     bind(cfg.router.node, cfg.router.port, "router.port")
     return problems
 
@@ -588,8 +979,9 @@ def _node_files_distinct(cfg: ClusterConfig) -> Iterable[str]:
     seen: set[str] = set()
     for index, node_file in enumerate(cfg.node_files):
         if node_file.destination in seen:
-            yield (f"nodeFiles[{index}].destination: {node_file.destination!r} appears twice; "
-                   "each destination once.")
+            yield (f"nodeFiles[{index}].destination: {node_file.destination!r} appears twice, so "
+                   "one file would overwrite the other on every node: give each file its own "
+                   "destination.")
         seen.add(node_file.destination)
 
 
@@ -637,10 +1029,137 @@ def config_warnings(cfg: ClusterConfig) -> list[str]:
 
 
 def _location(loc: tuple[Any, ...]) -> str:
+    # pydantic locates a bad mapping key as (..., KEY, "[key]"): name the mapping holding it.
+    if len(loc) >= 2 and loc[-1] == "[key]":
+        loc = loc[:-2]
     key = ""
     for part in loc:
         key += f"[{part}]" if isinstance(part, int) else (f".{part}" if key else str(part))
     return key
+
+
+def shown_value(value: Any) -> str:
+    """VALUE as the stack file wrote it (the repr of what YAML read); never a private key."""
+    text = repr(value)
+    if "PRIVATE KEY" in text:
+        return "<a private key, not shown>"
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _step(annotation: Any, part: Any) -> Any:
+    """The type one location part further into ANNOTATION (a model, list, dict or optional)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        for name, field in annotation.model_fields.items():
+            if part in (name, field.alias):
+                return field.annotation
+        return None
+    args = [arg for arg in get_args(annotation) if arg is not type(None)]
+    origin = get_origin(annotation)
+    if origin is list and isinstance(part, int):
+        return args[0]
+    if origin is dict and isinstance(part, str):
+        return args[1]
+    if origin in (Union, UnionType) and len(args) == 1:
+        return _step(args[0], part)
+    return None
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model whose value sits at LOC (ClusterConfig at ()), if it is one."""
+    annotation: Any = ClusterConfig
+    for part in loc:
+        annotation = _step(annotation, part)
+    args = [arg for arg in get_args(annotation) if arg is not type(None)]
+    if get_origin(annotation) in (Union, UnionType) and len(args) == 1:
+        annotation = args[0]
+    is_model = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+    return annotation if is_model else None
+
+
+def _field_at(loc: tuple[Any, ...]) -> tuple[type[BaseModel] | None, FieldInfo | None]:
+    """The model holding the key at LOC and that key's field, as far as they can be found."""
+    owner = _model_at(loc[:-1])
+    if owner is None or not loc:
+        return owner, None
+    field = next((f for name, f in owner.model_fields.items() if loc[-1] in (name, f.alias)), None)
+    return owner, field
+
+
+def _keys_of(model: type[BaseModel] | None) -> str:
+    """` (its keys: a, b)` for a model, else nothing."""
+    if model is None:
+        return ""
+    return f" (its keys: {', '.join(f.alias or n for n, f in model.model_fields.items())})"
+
+
+def _example(loc: tuple[Any, ...], field: FieldInfo | None) -> str:
+    default = getattr(field, "default", None)
+    if default is None or default is PydanticUndefined or isinstance(default, BaseModel):
+        return ""
+    return f", e.g. {loc[-1]}: {json.dumps(default)}"
+
+
+# YAML 1.1 (PyYAML, and Pulumi's stack files) reads these unquoted words as booleans.
+_YAML_BOOLEAN = "YAML reads an unquoted yes/no/on/off/true/false as a boolean"
+
+
+def _type_problem(key: str, item: Mapping[str, Any]) -> str:
+    """One pydantic error as KEY: VALUE-AS-WRITTEN, why, and the fix."""
+    kind, value, ctx = item["type"], item.get("input"), item.get("ctx") or {}
+    loc = tuple(item["loc"])
+    shown = shown_value(value)
+    model, field = _field_at(loc) if loc else (None, None)
+    if kind == "extra_forbidden":
+        keys = [f.alias or n for n, f in model.model_fields.items()] if model is not None else []
+        where = _location(loc[:-1]) or "the stack"
+        suggestion = _did_you_mean(str(loc[-1]), keys)
+        listed = f" ({where}'s keys: {', '.join(keys)})" if keys else ""
+        return (f"{key}: unknown key (value {shown}), so the program would never read it"
+                f"{suggestion}: rename or remove it{listed}.")
+    if kind == "missing":
+        keys = _keys_of(_model_at(loc))
+        return f"{key}: required key is missing; set it in the stack file{keys}."
+    if kind in ("int_type", "int_parsing", "int_from_float", "int_parsing_size"):
+        return (f"{key}: {shown} is not a whole number; write a plain integer, without quotes, "
+                f"units or decimals{_example(loc, field)}.")
+    if kind in ("float_type", "float_parsing"):
+        return f"{key}: {shown} is not a number; write a plain number without quotes, e.g. 0.5."
+    if kind in ("bool_type", "bool_parsing"):
+        return f"{key}: {shown} is not true or false; write true or false, without quotes."
+    if kind == "string_type":
+        if isinstance(value, bool):
+            return (f"{key}: {shown} is a boolean, not a string ({_YAML_BOOLEAN}): put the word "
+                    "in quotes, e.g. \"no\".")
+        if isinstance(value, (int, float)):
+            return f"{key}: {shown} is a number, not a string: put it in quotes, \"{value}\"."
+        return f"{key}: {shown} is not a string; write a single (quoted) string."
+    if kind == "list_type":
+        example = f"[{value}]" if isinstance(value, (str, int, float)) else "[a, b]"
+        return (f"{key}: {shown} is not a list; write a YAML list, e.g. {example} (one item is "
+                "still a list).")
+    if kind in ("dict_type", "model_type", "model_attributes_type"):
+        return (f"{key}: {shown} is not a mapping; write `key: value` lines under it"
+                f"{_keys_of(_model_at(loc))}.")
+    if kind in ("literal_error", "enum"):
+        hint = f" ({_YAML_BOOLEAN})" if isinstance(value, bool) else ""
+        quoted = " in quotes" if isinstance(value, bool) else ""
+        return (f"{key}: {shown} is not one of {ctx.get('expected')}{hint}; write one of "
+                f"them{quoted}.")
+    bounds = {"greater_than_equal": ("ge", "is below the minimum {}", "set it to {} or more"),
+              "greater_than": ("gt", "is not above {}", "set it above {}"),
+              "less_than_equal": ("le", "is above the maximum {}", "set it to {} or less"),
+              "less_than": ("lt", "is not below {}", "set it below {}")}
+    if kind in bounds:
+        name, why, fix = bounds[kind]
+        return f"{key}: {shown} {why.format(ctx.get(name))}; {fix.format(ctx.get(name))}."
+    if kind == "too_short":
+        return (f"{key}: {shown} has {ctx.get('actual_length')} item(s), and at least "
+                f"{ctx.get('min_length')} is needed; add one.")
+    if kind == "too_long":
+        return (f"{key}: {shown} has {ctx.get('actual_length')} items, at most "
+                f"{ctx.get('max_length')} are allowed; remove some.")
+    return (f"{key}: {shown} is refused ({item['msg']}); write the type Pulumi.yaml documents "
+            f"for {key}.")
 
 
 def load_cluster_config(raw: Mapping[str, Any]) -> ClusterConfig:
@@ -651,16 +1170,11 @@ def load_cluster_config(raw: Mapping[str, Any]) -> ClusterConfig:
         lines = []
         for item in error.errors():
             key = _location(item["loc"])
-            if item["type"] == "extra_forbidden":
-                lines.append(f"{key}: unknown key (value {item['input']!r}); check its spelling "
-                             "against the keys documented in Pulumi.yaml.")
-            elif item["type"] == "value_error":
+            if item["type"] == "value_error":
                 for line in str(item["ctx"]["error"]).splitlines():
                     lines.append(f"{key}: {line}" if key else line)
-            elif item["type"] == "missing":
-                lines.append(f"{key}: required key is missing; set it in the stack file.")
             else:
-                lines.append(f"{key}: {item['input']!r}: {item['msg']}.")
+                lines.append(_type_problem(key, item))
         raise ConfigError("invalid kimipd stack configuration:\n  " + "\n  ".join(lines)) from None
 
 

@@ -10,7 +10,13 @@ import pulumi_docker as docker
 
 from .config import ClusterConfig
 from .node import Node
-from .render import ContainerPlan, wait_healthy_command
+from .render import (
+    ContainerPlan,
+    bootstrap_url,
+    rank_role,
+    wait_bootstrap_command,
+    wait_healthy_command,
+)
 
 
 class HealthGate(pulumi.ComponentResource):
@@ -41,3 +47,31 @@ class HealthGate(pulumi.ComponentResource):
         ]
         self.urls = [plan.health_url for plan in plans]
         self.register_outputs({"urls": self.urls})
+
+
+class BootstrapGate(pulumi.ComponentResource):
+    """Ready when a prefill group's rank 0 KV bootstrap server answers HTTP (any status).
+
+    What decode waits for with `startOrder: overlapped`. Runbook rule 2 asks that prefill's
+    bootstrap server exist before decode starts; SGLang 0.5.19 starts it before rank 0 waits for
+    the model to load, and decode's own start never dials prefill (its warm-up uses a fake
+    bootstrap host), so the two groups load at once. One check on rank 0's node, like the health
+    gates, failing at once if rank 0 stops. It depends on (and is triggered by) every rank of the
+    group, so destroy still removes decode before any prefill rank.
+    """
+
+    def __init__(self, name: str, cfg: ClusterConfig, group_name: str, nodes: Mapping[str, Node],
+                 containers: Sequence[docker.Container],
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("kimipd:gates:BootstrapGate", name, None, opts)
+        group = cfg.groups[group_name]
+        self.check = command.remote.Command(
+            f"{rank_role(group_name, 0)}-bootstrap",
+            connection=nodes[group.rank0].connection,
+            create=wait_bootstrap_command(cfg, group_name),
+            triggers=[container.id for container in containers],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(containers)),
+        )
+        self.checks = [self.check]
+        self.url = bootstrap_url(group)
+        self.register_outputs({"url": self.url})

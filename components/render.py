@@ -242,6 +242,30 @@ def wait_healthy_command(cfg: ClusterConfig, plan: ContainerPlan) -> str:
     ])
 
 
+def bootstrap_url(group: GroupSpec) -> str:
+    """Prefill rank 0's KV bootstrap server (SGLang 0.5.19: `/health` answers 200 on it)."""
+    return f"http://{group.rank0}:{group.bootstrap_port}/health"
+
+
+def wait_bootstrap_command(cfg: ClusterConfig, group_name: str) -> str:
+    """The bootstrap gate of a prefill group, polled on rank 0's node: any HTTP answer passes.
+
+    SGLang 0.5.19 starts the bootstrap server with the tokenizer manager, before rank 0 waits for
+    the model to load (`engine.py`), so this opens long before the group's /health turns 200.
+    """
+    group = cfg.groups[group_name]
+    role = rank_role(group_name, 0)
+    return _shell([
+        "bash", WAIT_HEALTHY_SCRIPT,
+        "--url", bootstrap_url(group),
+        "--any-status",
+        "--container", container_name(role),
+        "--node", group.rank0,
+        "--timeout", str(cfg.gates.timeout_seconds),
+        "--interval", str(cfg.gates.interval_seconds),
+    ])
+
+
 def smoke_test_command(cfg: ClusterConfig) -> str:
     return _shell([
         "bash", SMOKE_TEST_SCRIPT,

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 from typing import Any
 
 import pulumi
 from pulumi.runtime import config as runtime_config
 
-from .config import CONFIG_NAMESPACE, SECRET_KEYS
+from .config import CONFIG_NAMESPACE, SECRET_KEYS, ClusterConfig, ConfigError, shown_value
+
+# Namespaces something in this program reads: its own, its providers' and Pulumi's. A key under
+# any other (a misspelt `kimpdi:serving`) is read by nothing.
+READ_NAMESPACES = (CONFIG_NAMESPACE, "command", "docker", "pulumi")
 
 
 def _decode(value: Any) -> Any:
@@ -21,15 +26,80 @@ def _decode(value: Any) -> Any:
         return value
 
 
+def _stack_keys() -> list[str]:
+    """Every config key set for the stack, `namespace:name`."""
+    return sorted(set(runtime_config.CONFIG.get()) | set(runtime_config.get_config_env()))
+
+
+def _is_secret(key: str) -> bool:
+    return (runtime_config.is_config_secret(key)
+            or key in runtime_config.get_config_secret_keys_env())
+
+
 def stack_config_values() -> dict[str, Any]:
-    """Every `kimipd:*` key set for the stack (secrets left out), so a misspelt key is caught."""
+    """Every `kimipd:*` key set for the stack, so a misspelt key is caught. Secrets are left
+    out: they never enter the model (check_stack_secrets refuses the misplaced ones)."""
     prefix = CONFIG_NAMESPACE + ":"
-    keys = set(runtime_config.CONFIG.get()) | set(runtime_config.get_config_env())
     values = {}
-    for key in sorted(keys):
-        if key.startswith(prefix) and key[len(prefix):] not in SECRET_KEYS:
+    for key in _stack_keys():
+        if key.startswith(prefix) and not _is_secret(key) and key[len(prefix):] not in SECRET_KEYS:
             values[key[len(prefix):]] = _decode(runtime_config.get_config(key))
     return values
+
+
+def check_stack_secrets() -> None:
+    """Refuse a secret written in plain text, and a secret the program would never read.
+
+    A value is never quoted: it may be a private key.
+    """
+    prefix = CONFIG_NAMESPACE + ":"
+    model_keys = [field.alias or name for name, field in ClusterConfig.model_fields.items()]
+    problems = []
+    for key in _stack_keys():
+        if not key.startswith(prefix):
+            continue
+        name = key[len(prefix):]
+        if name in SECRET_KEYS and not _is_secret(key):
+            problems.append(
+                f"{name}: set in plain text (value not shown), so the private key sits "
+                "unencrypted in Pulumi.<stack>.yaml and in every copy of that file: remove it "
+                f"(`pulumi config rm {name}`) and set it as a secret: `pulumi config set --secret "
+                f"{name} < KEYFILE`.")
+        elif name in model_keys and _is_secret(key):
+            problems.append(
+                f"{name}: set as a secret (value not shown), but the program reads {name} as "
+                f"plain configuration: set it again without --secret (`pulumi config set {name} "
+                "...`).")
+        elif name not in SECRET_KEYS and _is_secret(key):
+            close = difflib.get_close_matches(name, sorted(SECRET_KEYS), n=1, cutoff=0.6)
+            guess = f" (did you mean {close[0]!r}?)" if close else ""
+            target = close[0] if close else "sshPrivateKey"
+            problems.append(
+                f"{name}: a secret (value not shown) that this program never reads{guess}: "
+                f"remove it (`pulumi config rm {name}`) and set `pulumi config set --secret "
+                f"{target} < KEYFILE`.")
+    if problems:
+        raise ConfigError("invalid kimipd secrets:\n  " + "\n  ".join(problems))
+
+
+def stack_config_warnings() -> list[str]:
+    """Keys under a namespace nothing reads: deployable, but the key is silently ignored."""
+    warnings = []
+    for key in _stack_keys():
+        namespace, _, name = key.partition(":")
+        if namespace in READ_NAMESPACES:
+            continue
+        close = difflib.get_close_matches(namespace, READ_NAMESPACES, n=1, cutoff=0.5)
+        target = f"{close[0] if close else CONFIG_NAMESPACE}:{name}"
+        shown = ("value not shown" if _is_secret(key)
+                 else f"value {shown_value(runtime_config.get_config(key))}")
+        guess = f" (did you mean {target}?)" if close else ""
+        warnings.append(
+            f"{key}: namespace {namespace!r} is read by neither this program ({CONFIG_NAMESPACE}) "
+            f"nor its providers (command, docker) nor Pulumi, so this key ({shown}) is ignored"
+            f"{guess}: move it (`pulumi config rm '{key}'`, then `pulumi config set {target} "
+            "...`) or remove it.")
+    return warnings
 
 
 def ssh_private_key() -> pulumi.Output[str] | None:

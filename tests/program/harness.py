@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import runpy
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,7 @@ class Run:
     resources: list[Registration] = field(default_factory=list)
     stack_outputs: dict[str, Any] = field(default_factory=dict)
     stack_outputs_secret: bool = False
+    warnings: list[str] = field(default_factory=list)  # what pulumi.log.warn said
 
     def of_type(self, type_: str) -> list[Registration]:
         return [r for r in self.resources if r.type == type_]
@@ -124,18 +126,40 @@ def with_local_files(values: dict, directory: Path) -> dict:
     return values
 
 
-def run_program(values: dict[str, Any], *, private_key: str | None = PRIVATE_KEY) -> Run:
-    """Run __main__.py with these `kimipd:*` values, as `pulumi up` would (not a preview)."""
-    run = Run()
+class _Warnings(logging.Handler):
+    def __init__(self, run: Run) -> None:
+        super().__init__(logging.WARNING)
+        self.run = run
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.run.warnings.append(record.getMessage())
+
+
+def run_program(values: dict[str, Any], *, private_key: str | None = PRIVATE_KEY,
+                private_key_secret: bool = True, extra_config: dict[str, str] | None = None,
+                extra_secrets: dict[str, str] | None = None, run: Run | None = None) -> Run:
+    """Run __main__.py with these `kimipd:*` values, as `pulumi up` would (not a preview).
+
+    extra_config / extra_secrets: more keys, written in full (`namespace:name`) as the stack
+    file would hold them. RUN collects the registrations even when the program raises.
+    """
+    run = Run() if run is None else run
     config = {f"kimipd:{key}": value if isinstance(value, str) else json.dumps(value)
               for key, value in values.items()}
     secret_keys = []
     if private_key is not None:
         config["kimipd:sshPrivateKey"] = private_key
-        secret_keys.append("kimipd:sshPrivateKey")
+        if private_key_secret:
+            secret_keys.append("kimipd:sshPrivateKey")
+    config |= extra_config or {}
+    config |= extra_secrets or {}
+    secret_keys += list(extra_secrets or {})
     set_all_config(config, secret_keys)
+    logger = logging.getLogger("kimipd-test-program")
+    logger.propagate = False
+    logger.handlers = [_Warnings(run)]
     pulumi.runtime.set_mocks(ClusterMocks(), project="kimipd", stack="test", preview=False,
-                             monitor=RecordingMonitor(run))
+                             logger=logger, monitor=RecordingMonitor(run))
 
     @pulumi.runtime.test
     def program():
@@ -150,3 +174,13 @@ def run_program(values: dict[str, Any], *, private_key: str | None = PRIVATE_KEY
 
     program()
     return run
+
+
+def run_refused(values: dict[str, Any], **kwargs: Any) -> tuple[str, Run]:
+    """Run __main__.py expecting a refusal: the pulumi.RunError's text and what got registered."""
+    run = Run()
+    try:
+        run_program(values, run=run, **kwargs)
+    except pulumi.RunError as error:
+        return str(error), run
+    raise AssertionError(f"the program accepted the stack ({len(run.resources)} resources)")

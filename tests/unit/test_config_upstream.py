@@ -70,7 +70,7 @@ def test_ranks_above_zero_bind_the_http_port_too(pro6000) -> None:
     node collides with it."""
     pro6000["router"]["node"] = "174.1.60.6"
     pro6000["router"]["port"] = 30000
-    assert "router.port: port 30000 on 174.1.60.6 is already used by groups.decode.httpPort" in (
+    assert "router.port: 30000 on 174.1.60.6 is already used by groups.decode.httpPort" in (
         refusal(pro6000))
 
 

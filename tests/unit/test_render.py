@@ -189,7 +189,8 @@ def test_preflight_model_is_checked_through_the_volume_that_mounts_it(pro6000: d
     assert model_host_path(("/mnt/nvme", "/data"),
                            ("/mnt/weights", "/data/models")) == "/mnt/weights/Kimi-K3"
     assert model_host_path(("/mnt/weights/K3", "/data/models/Kimi-K3")) == "/mnt/weights/K3"
-    # No volume covers model.path: the image may carry the model, nothing to check on the node.
+    # No volume covers model.path: the image carries the model, nothing to check on the node.
+    pro6000["model"]["inImage"] = True
     assert model_host_path(("/data/models-old", "/data/models-old")) == ""
 
 
@@ -249,3 +250,88 @@ def test_container_plans(pro6000: dict) -> None:
     assert (router.node, router.gpus, router.devices) == ("174.1.60.5", None, [])
     assert router.health_url == "http://174.1.60.5:31000/health"
     assert (master.node, master.health_url) == ("174.1.60.1", "http://174.1.60.1:9003/health")
+
+
+# -- the bootstrap gate (startOrder: overlapped) ------------------------------------------------
+
+import http.server  # noqa: E402 (this section's own imports)
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import threading  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+
+from tests.conftest import REPO  # noqa: E402
+
+
+def test_bootstrap_gate_line(pro6000: dict) -> None:
+    from components.render import wait_bootstrap_command
+
+    argv = shlex.split(wait_bootstrap_command(load_cluster_config(pro6000), "prefill"))
+    assert argv == ["bash", "/opt/kimipd/wait-healthy.sh", "--url",
+                    "http://174.1.60.1:8998/health", "--any-status",
+                    "--container", "kimipd-prefill-r0", "--node", "174.1.60.1",
+                    "--timeout", "1800", "--interval", "10"]
+
+
+def test_start_order_defaults_to_sequential_and_refuses_other_words(pro6000: dict) -> None:
+    from components.config import ConfigError
+
+    assert load_cluster_config(pro6000).start_order == "sequential"
+    pro6000["startOrder"] = "parallel"
+    with pytest.raises(ConfigError, match="startOrder: 'parallel' is not one of 'sequential' "
+                                          "or 'overlapped'"):
+        load_cluster_config(pro6000)
+
+
+@pytest.fixture
+def answering_404() -> Iterator[str]:
+    """A loopback HTTP server that answers every GET with 404."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/health"
+    server.shutdown()
+    server.server_close()
+
+
+def _wait_healthy(tmp_path, state: str, *args: str) -> subprocess.CompletedProcess:
+    """assets/wait-healthy.sh with a `docker` on PATH that reports STATE."""
+    docker = tmp_path / "docker"
+    docker.write_text(f'#!/bin/sh\ncase "$1" in inspect) echo "{state}" ;; '
+                      'logs) echo "bootstrap server never started" ;; esac\n')
+    docker.chmod(0o755)
+    return subprocess.run(["bash", str(REPO / "assets" / "wait-healthy.sh"), *args],
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
+
+
+def test_any_status_passes_on_any_http_answer(answering_404: str, tmp_path) -> None:
+    result = _wait_healthy(tmp_path, "running (exit code 0)", "--url", answering_404,
+                           "--any-status", "--container", "kimipd-prefill-r0",
+                           "--timeout", "10", "--interval", "1")
+    assert result.returncode == 0, result.stderr
+    assert "kimipd-prefill-r0: answering after 0s" in result.stdout and "HTTP 404" in result.stdout
+    # Without the option a 404 is not ready.
+    result = _wait_healthy(tmp_path, "running (exit code 0)", "--url", answering_404,
+                           "--container", "kimipd-prefill-r0", "--timeout", "1", "--interval", "1")
+    assert result.returncode == 1 and "answered 404" in result.stderr
+
+
+def test_any_status_still_fails_at_once_when_the_container_stops(tmp_path) -> None:
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]  # nothing listens once the socket is closed
+    result = _wait_healthy(tmp_path, "exited (exit code 1)", "--url",
+                           f"http://127.0.0.1:{port}/health", "--any-status",
+                           "--container", "kimipd-prefill-r0", "--node", "174.1.60.1",
+                           "--timeout", "30", "--interval", "1")
+    assert result.returncode == 1
+    assert "kimipd-prefill-r0 on 174.1.60.1: not running: exited (exit code 1)" in result.stderr
+    assert "  | bootstrap server never started" in result.stderr

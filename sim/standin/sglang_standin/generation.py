@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple
 
 from .bootstrap import fetch_kv
 from .http_base import RequestError, url_host
@@ -61,6 +61,25 @@ def _bootstrap_of(req: Dict[str, Any], i: Optional[int]) -> Tuple[Any, Any, Any]
     return vals[0], vals[1], vals[2]
 
 
+def prefill_seconds(st: "Standin", prompt_tokens: int) -> float:
+    """Simulated prefill time (SGLANG_STANDIN_PREFILL_TOKENS_PER_S; 0 = instant)."""
+    rate = st.prefill_tokens_per_s
+    return prompt_tokens / rate if rate > 0 else 0.0
+
+
+def token_due(st: "Standin", first_token_at: float, index: int) -> float:
+    """When output token `index` (0-based) is due: the first as soon as the KV is there, each
+    next one 1/SGLANG_STANDIN_DECODE_TOKENS_PER_S later (0 = all at once)."""
+    rate = st.decode_tokens_per_s
+    return first_token_at + (index / rate if rate > 0 else 0.0)
+
+
+def _sleep_until(when: float) -> None:
+    delay = when - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
+
+
 def run_one(
     st: "Standin",
     text: Optional[str],
@@ -69,16 +88,27 @@ def run_one(
     bhost: Any,
     bport: Any,
     broom: Any,
+    pace: bool = True,
 ) -> Dict[str, Any]:
-    """One sequence.  Returns {"text", "meta_info"}; raises RequestError."""
+    """One sequence.  Returns {"text", "meta_info"}; raises RequestError.
+
+    The stand-in never emits EOS, so every answer has exactly max_new_tokens tokens (up to
+    MAX_GEN_WORDS), which is what `ignore_eos: true` guarantees on SGLang. With `pace`, a decode
+    (or null) answer returns when its last token is due; without it the caller paces the tokens
+    (streaming) from the moment this returns, which is when the first token exists.
+    """
     prompt = text if text is not None else " ".join(str(t) for t in (input_ids or []))
     prompt_tokens = count_tokens(text, input_ids)
     rid = uuid.uuid4().hex
     meta: Dict[str, Any] = {"id": rid, "prompt_tokens": prompt_tokens, "cached_tokens": 0}
     if st.mode == "null":
+        time.sleep(prefill_seconds(st, prompt_tokens))
+        first_token_at = time.monotonic()
         out = generate_words(prompt, max_new_tokens)
         n = len(out.split()) if out else 0
         meta.update(completion_tokens=n, finish_reason={"type": "length", "length": n})
+        if pace and n:
+            _sleep_until(token_due(st, first_token_at, n - 1))
         return {"text": out, "meta_info": meta}
 
     if broom is None or bhost is None:
@@ -96,6 +126,9 @@ def run_one(
                 f"Failed to send kv chunk of room {broom}: {st.kv_fail_reason}",
                 "InternalServerError",
             )
+        computing = prefill_seconds(st, prompt_tokens)
+        # The room is known at once (decode waits for it instead of giving up); its KV is ready
+        # when prefill has computed it, which is when decode can produce the first token.
         st.kv.put(
             broom,
             {
@@ -106,8 +139,13 @@ def run_one(
                 "prefill_url": f"http://{url_host(st.args.host)}:{st.args.port}",
                 "node_ranks": list(range(st.nnodes)),
                 "created": time.time(),
+                "prefill_seconds": computing,
             },
+            ready=computing == 0,
         )
+        if computing:
+            time.sleep(computing)
+            st.kv.mark_ready(broom)
         meta.update(
             completion_tokens=1,
             finish_reason={"type": "length", "length": 1},
@@ -139,6 +177,7 @@ def run_one(
                 f"(prefill saw {str(kv.get('text'))[:80]!r})",
                 "InternalServerError",
             )
+    first_token_at = time.monotonic()
     kv_prompt = kv.get("text")
     if kv_prompt is None:
         kv_prompt = " ".join(str(t) for t in (kv.get("input_ids") or []))
@@ -149,11 +188,50 @@ def run_one(
         finish_reason={"type": "length", "length": n},
         kv_transfer=dict(kv_transfer, role="decode", status="received"),
     )
+    if pace and n:
+        _sleep_until(token_due(st, first_token_at, n - 1))
     return {"text": out, "meta_info": meta}
 
 
 def generate(st: "Standin", req: Dict[str, Any]) -> Any:
     """POST /generate (single or batch)."""
+    results, batch = _generate(st, req, pace=True)
+    return results if batch else results[0]
+
+
+def generate_stream(st: "Standin", req: Dict[str, Any]) -> Iterator[Dict[str, Any]]:
+    """POST /generate with `"stream": true`, chunked as SGLang does: one event per output token
+    with the cumulative `text` and `meta_info` (completion_tokens so far, finish_reason on the
+    last), `index` naming the sequence of a batch. Prefill and the KV fetch happen before this
+    returns, so their failures are HTTP errors, not events."""
+    results, _ = _generate(st, req, pace=False)
+    first_token_at = time.monotonic()
+
+    def events() -> Iterator[Dict[str, Any]]:
+        if st.mode == "prefill":
+            for res in results:
+                yield res
+            return
+        words = [res["text"].split() for res in results]
+        longest = max((len(w) for w in words), default=0)
+        for index, res in enumerate(results):
+            if not words[index]:
+                yield dict(res, index=index)
+        for i in range(longest):
+            _sleep_until(token_due(st, first_token_at, i))
+            for index, res in enumerate(results):
+                if i >= len(words[index]):
+                    continue
+                last = i + 1 == len(words[index])
+                meta = dict(res["meta_info"], completion_tokens=i + 1,
+                            finish_reason=res["meta_info"]["finish_reason"] if last else None)
+                yield {"text": " ".join(words[index][: i + 1]), "meta_info": meta,
+                       "index": index}
+
+    return events()
+
+
+def _generate(st: "Standin", req: Dict[str, Any], pace: bool) -> Tuple[List[Dict[str, Any]], bool]:
     text = req.get("text")
     input_ids = req.get("input_ids")
     sp = req.get("sampling_params") or {}
@@ -172,10 +250,10 @@ def generate(st: "Standin", req: Dict[str, Any]) -> Any:
         seqs = text if isinstance(text, list) else [None] * len(input_ids)
         ids = input_ids if input_ids is not None else [None] * len(seqs)
         return [
-            run_one(st, t, x, max_new, *_bootstrap_of(req, i))
+            run_one(st, t, x, max_new, *_bootstrap_of(req, i), pace=pace)
             for i, (t, x) in enumerate(zip(seqs, ids))
-        ]
-    return run_one(st, text, input_ids, max_new, *_bootstrap_of(req, None))
+        ], True
+    return [run_one(st, text, input_ids, max_new, *_bootstrap_of(req, None), pace=pace)], False
 
 
 def completions(st: "Standin", req: Dict[str, Any], chat: bool) -> Dict[str, Any]:

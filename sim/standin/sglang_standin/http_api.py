@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .generation import completions, generate
+from .generation import completions, generate, generate_stream
 from .http_base import Handler, RequestError
 
 
@@ -47,11 +47,10 @@ class ApiHandler(Handler):
             with st.lock:
                 st.num_requests += 1
             if path == "/generate":
-                res = generate(st, body)
                 if body.get("stream"):
-                    self._send_sse(res if isinstance(res, list) else [res])
+                    self._send_sse(generate_stream(st, body))
                 else:
-                    self._send(200, res)
+                    self._send(200, generate(st, body))
                 return
             chat = path == "/v1/chat/completions"
             res = completions(st, body, chat=chat)

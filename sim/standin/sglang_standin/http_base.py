@@ -7,7 +7,7 @@ import socket
 import threading
 import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any, Dict, List, Type
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Type
 
 from .log import log
 
@@ -118,13 +118,17 @@ class Handler(BaseHTTPRequestHandler):
             {"error": {"message": e.message, "type": e.err_type, "code": e.status}},
         )
 
-    def _send_sse(self, events: List[Any]) -> None:
+    def _send_sse(self, events: Iterable[Any]) -> None:
+        """`data: {json}` per event as it comes (a generator paces them), then `data: [DONE]`."""
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Connection", "close")
         self.end_headers()
         self.close_connection = True
+        # One small write per token: without this, Nagle holds a token back until the previous
+        # one is acknowledged, and the client would see tokens in bursts.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         for ev in events:
             self.wfile.write(b"data: " + json.dumps(ev).encode("utf-8") + b"\n\n")
             self.wfile.flush()

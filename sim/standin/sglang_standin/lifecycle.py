@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from typing import List, Optional, Type
 
@@ -61,17 +62,33 @@ def _install_signal_handlers(st: Standin) -> None:
     signal.signal(signal.SIGINT, _handler)
 
 
-def _run_rank0(st: Standin) -> None:
+def _start_bootstrap_server(st: Standin) -> None:
     a = st.args
-    log(f"Starting HTTP server on {a.host}:{a.port} (health is 503 until ready)")
-    _serve_or_die(st, a.host, a.port, ApiHandler)
-    if st.mode == "prefill":
-        log(f"Starting bootstrap server on {a.host}:{a.disaggregation_bootstrap_port}")
-        _serve_or_die(st, a.host, a.disaggregation_bootstrap_port, BootstrapHandler)
+    if st.bootstrap_delay_seconds > 0:
+        # Stands for whatever holds up the tokenizer manager; the group joins and loads meanwhile.
+        log(f"bootstrap server delayed {st.bootstrap_delay_seconds:.1f}s "
+            "(SGLANG_STANDIN_BOOTSTRAP_DELAY_SECONDS)")
+        if st.shutdown.wait(st.bootstrap_delay_seconds):
+            return
+    log(f"Starting bootstrap server on {a.host}:{a.disaggregation_bootstrap_port}")
+    _serve_or_die(st, a.host, a.disaggregation_bootstrap_port, BootstrapHandler)
+    with st.lock:
         st.registrations["Prefill:0"] = {
             "role": "Prefill", "node_rank": 0, "engine_rank": 0, "rank_ip": a.host,
             "registered_at": time.time(),
         }
+
+
+def _run_rank0(st: Standin) -> None:
+    a = st.args
+    log(f"Starting HTTP server on {a.host}:{a.port} (health is 503 until ready)")
+    _serve_or_die(st, a.host, a.port, ApiHandler)
+    if st.mode == "prefill" and st.bootstrap_delay_seconds > 0:
+        threading.Thread(target=_start_bootstrap_server, args=(st,), name="bootstrap-delay",
+                         daemon=True).start()
+    elif st.mode == "prefill":
+        # As SGLang 0.5.19 does: with the tokenizer manager, before the model has loaded.
+        _start_bootstrap_server(st)
     if st.nnodes > 1:
         GroupLeader(st).listen()
         last = 0.0
@@ -126,6 +143,9 @@ def run(args) -> int:
         + json.dumps({k: v for k, v in vars(args).items()}, default=str))
     if st.kv_fail_reason:
         log(f"WARNING: KV transfer will fail: {st.kv_fail_reason}", err=True)
+    if st.rank == 0 and (st.prefill_tokens_per_s or st.decode_tokens_per_s):
+        log(f"simulated speed: prefill {st.prefill_tokens_per_s or 'instant'} tokens/s, "
+            f"decode {st.decode_tokens_per_s or 'instant'} tokens/s")
     if st.rank == 0:
         _run_rank0(st)
     else:

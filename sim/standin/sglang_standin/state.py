@@ -54,6 +54,15 @@ class Standin:
         # Seconds rank 0 lives on after losing a peer (SGLang: the watchdog on the hung
         # collective kills the server); 0 or less keeps it alive and unhealthy.
         self.watchdog_seconds = _env_float("SGLANG_STANDIN_WATCHDOG_SECONDS", 10.0)
+        # Seconds prefill rank 0 waits before it opens its bootstrap port (0: at start, as
+        # SGLang does); the group joins and loads meanwhile. Lets a test hold decode back.
+        self.bootstrap_delay_seconds = max(
+            0.0, _env_float("SGLANG_STANDIN_BOOTSTRAP_DELAY_SECONDS", 0.0))
+        # Simulated compute speed; 0 (the default) answers at once. Prefill: prompt tokens per
+        # second, which delays the room's KV (so decode's first token). Decode: output tokens per
+        # second after the first one.
+        self.prefill_tokens_per_s = max(0.0, _env_float("SGLANG_STANDIN_PREFILL_TOKENS_PER_S", 0.0))
+        self.decode_tokens_per_s = max(0.0, _env_float("SGLANG_STANDIN_DECODE_TOKENS_PER_S", 0.0))
         self.kv_fail_reason: Optional[str] = None
         if os.environ.get("SGLANG_STANDIN_KV_FAIL", "").strip() not in ("", "0", "false"):
             self.kv_fail_reason = "SGLANG_STANDIN_KV_FAIL is set (stand-in fault injection)"

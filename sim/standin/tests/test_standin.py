@@ -659,3 +659,105 @@ def test_router_kv_transfer_failure_is_a_500(launcher, side, env):
                       {"text": "Hello", "sampling_params": {"max_new_tokens": 4}})
     assert code == 500, text
     assert "Failed to receive kv chunk" in text
+
+
+# ------------------------------------------------------------------------------------------------
+# simulated speed and streaming, through the real MiniLB
+
+
+def stream_generate(url: str, body: Dict, timeout: float = 60.0) -> Tuple[int, List[Tuple[float, str]], float]:
+    """POST with `stream: true`; (status, [(seconds since the request, data payload)], start)."""
+    req = urllib.request.Request(url + "/generate", data=json.dumps(body).encode(), method="POST")
+    req.add_header("Content-Type", "application/json")
+    started = time.monotonic()
+    events: List[Tuple[float, str]] = []
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            for raw in r:
+                line = raw.decode().strip()
+                if line.startswith("data:"):
+                    events.append((time.monotonic() - started, line[5:].strip()))
+            return r.status, events, started
+    except urllib.error.HTTPError as e:
+        return e.code, [(time.monotonic() - started, e.read().decode())], started
+
+
+@pytest.fixture
+def paced_pd(launcher):
+    """One-node P and D at 2000 prefill / 100 decode tokens/s, behind MiniLB."""
+    pg = launcher.group("prefill", "prefill", nnodes=1,
+                        env={"SGLANG_STANDIN_PREFILL_TOKENS_PER_S": "2000",
+                             # shorter than prefill takes: decode must wait for a known room
+                             "SGLANG_STANDIN_KV_WAIT_SECONDS": "0.3"})
+    dg = launcher.group("decode", "decode", nnodes=1,
+                        env={"SGLANG_STANDIN_DECODE_TOKENS_PER_S": "100",
+                             "SGLANG_STANDIN_KV_WAIT_SECONDS": "0.3"})
+    wait_healthy(pg)
+    wait_healthy(dg)
+    router, url = start_router(launcher, pg, dg, ["--mini-lb"])
+    wait_for(lambda: http("GET", url + "/health")[0] == 200, 20, "router up")
+    # The router's first request costs ~0.2 s more (its client session, connections): not timed.
+    code, text = http("POST", url + "/generate",
+                      {"text": "warm", "sampling_params": {"max_new_tokens": 1}})
+    assert code == 200, text
+    return router, url, pg
+
+
+def within(measured: float, expected: float, fraction: float = 0.1) -> bool:
+    return abs(measured - expected) <= fraction * expected
+
+
+@needs_router
+def test_streaming_through_mini_lb_paces_prefill_and_decode(paced_pd):
+    router, url, pg = paced_pd
+    ids = list(range(100, 1100))  # 1000 prompt tokens: 0.5 s of prefill at 2000/s
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 50, "ignore_eos": True},
+            "stream": True}
+    status, events, _ = stream_generate(url, body)
+    assert status == 200, (events, router.output()[-3000:])
+    assert events[-1][1] == "[DONE]"
+    chunks = [(t, json.loads(data)) for t, data in events[:-1]]
+    assert len(chunks) == 50, [c for _, c in chunks][:3]
+    texts = [c["text"] for _, c in chunks]
+    assert texts[-1] == generate_words(" ".join(str(i) for i in ids), 50)
+    for before, after in zip(texts, texts[1:]):
+        assert after.startswith(before + " "), (before, after)  # cumulative, like SGLang
+    metas = [c["meta_info"] for _, c in chunks]
+    assert [m["completion_tokens"] for m in metas] == list(range(1, 51))
+    assert {m["prompt_tokens"] for m in metas} == {1000}
+    assert [m["finish_reason"] for m in metas[:-1]] == [None] * 49
+    assert metas[-1]["finish_reason"] == {"type": "length", "length": 50}
+    ttft, e2e = chunks[0][0], chunks[-1][0]
+    assert within(1000 / ttft, 2000), f"prefill {1000 / ttft:.0f} tokens/s, configured 2000"
+    assert within(49 / (e2e - ttft), 100), f"decode {49 / (e2e - ttft):.1f} tokens/s, configured 100"
+
+
+@needs_router
+def test_non_streaming_answer_takes_prefill_plus_decode_time(paced_pd):
+    router, url, pg = paced_pd
+    started = time.monotonic()
+    code, text = http("POST", url + "/generate",
+                      {"input_ids": [7] * 3000, "sampling_params": {"max_new_tokens": 31,
+                                                                    "ignore_eos": True}},
+                      timeout=30)
+    elapsed = time.monotonic() - started
+    assert code == 200, text
+    out = json.loads(text)
+    assert out["meta_info"]["prompt_tokens"] == 3000
+    assert out["meta_info"]["completion_tokens"] == 31 and len(out["text"].split()) == 31
+    assert within(elapsed, 3000 / 2000 + 30 / 100), f"{elapsed:.2f}s"
+    # 1.5 s of prefill: longer than decode's KV wait (0.3 s) and the bootstrap server's long
+    # poll (1 s), which answered 202 (still prefilling) before the KV
+    assert any('"GET /kv/' in line and '" 202' in line
+               for line in pg["procs"][0].output().splitlines()), pg["procs"][0].output()[-2000:]
+
+
+def test_rates_default_to_instant(launcher):
+    g = launcher.group("null", "null", nnodes=1)
+    wait_healthy(g)
+    started = time.monotonic()
+    code, text = http("POST", g["url"] + "/generate",
+                      {"input_ids": [1] * 5000, "sampling_params": {"max_new_tokens": 200}})
+    assert code == 200, text
+    assert time.monotonic() - started < 1.0
+    assert json.loads(text)["meta_info"]["completion_tokens"] == 200
