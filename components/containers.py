@@ -45,5 +45,8 @@ def node_container(plan: ContainerPlan, node: Node, *, depends_on: Sequence[pulu
         must_run=True,
         opts=pulumi.ResourceOptions(
             parent=parent, provider=node.provider, depends_on=[*node.ready, *depends_on],
-            replace_on_changes=["mustRun"], replace_with=list(replace_with) or None),
+            replace_on_changes=["mustRun"], replace_with=list(replace_with) or None,
+            # Fixed container names and host-network ports: a replacement cannot start beside
+            # the container it replaces, so the old one goes first, for every role.
+            delete_before_replace=True),
     )

@@ -33,6 +33,7 @@ class Registration:
     raw_inputs: dict[str, Any]
     replace_on_changes: list[str] = field(default_factory=list)
     replace_with: list[str] = field(default_factory=list)  # URNs
+    delete_before_replace: bool = False
 
 
 @dataclass
@@ -104,7 +105,8 @@ class RecordingMonitor(mocks.MockMonitor):
                 inputs=self.resources[response.urn].state if response.urn in self.resources else {},
                 raw_inputs=json_format.MessageToDict(request.object),
                 replace_on_changes=list(request.replaceOnChanges),
-                replace_with=list(request.replace_with)))
+                replace_with=list(request.replace_with),
+                delete_before_replace=request.deleteBeforeReplace))
         return response
 
 

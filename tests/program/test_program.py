@@ -273,6 +273,7 @@ def test_a_stopped_container_is_replaced_and_a_group_restarts_whole(run: Run) ->
     containers = run.containers()
     for role, container in containers.items():
         assert container.replace_on_changes == ["mustRun"], role
+        assert container.delete_before_replace, role  # fixed names and ports
     for group in ("prefill", "decode"):
         rank0 = containers[f"{group}-r0"]
         assert rank0.replace_with == []
