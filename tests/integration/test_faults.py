@@ -18,7 +18,7 @@ from pulumi import automation as auto
 
 from sim.automation import Project
 from tests.integration.engine import (  # noqa: F401 - fixtures
-    Events, container_ids, env, new_stack, project, sim, sim_values)
+    NODES, Events, container_ids, env, new_stack, project, sim, sim_values)
 from tests.integration.sim import SimCluster, restart_sim
 
 pytestmark = pytest.mark.timeout(1800)
@@ -44,6 +44,17 @@ def all_running(sim: SimCluster) -> dict[str, str]:
     ids = container_ids(sim)
     assert len(ids) == 10 and all(v.endswith("running") for v in ids.values()), ids
     return ids
+
+
+def state_container_ids(stack: auto.Stack) -> set[str]:
+    deployment = stack.export_stack().deployment
+    return {resource.get("id", "") for resource in deployment.get("resources", [])
+            if resource.get("type") == "docker:index/container:Container"}
+
+
+def remove_everywhere(sim: SimCluster, name: str) -> None:
+    for node in NODES:
+        sim.docker(node, "rm", "-f", name)
 
 
 def pulumi_children() -> list[int]:
@@ -150,6 +161,12 @@ def test_up_interrupted_while_a_gate_waits_recovers(stack: auto.Stack, project: 
         assert "locked" in str(locked.value)
         stack.cancel()
         stack.refresh(clear_pending_creates=True)
+        # Containers the killed run had created are not in the state; with fixed names the next
+        # create would collide with them (README, troubleshooting: remove them, then up).
+        known = state_container_ids(stack)
+        for name, id_state in container_ids(sim).items():
+            if not any(full.startswith(id_state.split()[0]) for full in known):
+                remove_everywhere(sim, name)
     converges(stack)
     all_running(sim)
 
