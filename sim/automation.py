@@ -1,7 +1,8 @@
 """The real Pulumi engine, driven through the Automation API on a file backend (demo and tests).
 
-The program runs inline (the SDK's in-process language server runs `__main__.py`), so no
-`pulumi-language-python` binary is needed; everything else is the real CLI and engine.
+`Project` runs the program inline (the SDK's in-process language server runs `__main__.py`) on a
+copy of Pulumi.yaml with a stack file of its own, so no `pulumi-language-python` binary is needed;
+`repo_stack` is the repository's own stack as the CLI sees it (scripts/setup-stack-sim).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import runpy
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -107,6 +109,50 @@ class Project:
                                              pulumi_command=cli)
         return auto.create_or_select_stack(stack_name=name, project_name="kimipd",
                                            program=self._program, opts=options)
+
+
+def sim_stack_env(state: Path | None = None) -> dict[str, str]:
+    """Runs scripts/setup-stack-sim, the documented set-up of stack `sim` for the CLI in the
+    repository root, and returns the environment its exports give: the CLI on PATH, PULUMI_HOME,
+    the sim's backend and passphrase, and PULUMI_BIN. STATE: the backend's directory (default the
+    documented one, ~/.cache/kimipd/state)."""
+    env = dict(os.environ) | ({"KIMIPD_SIM_STATE": str(state)} if state else {})
+    exports = subprocess.run([str(REPO / "scripts" / "setup-stack-sim")], stdout=subprocess.PIPE,
+                             text=True, env=env, check=True, timeout=3000).stdout
+    exported = sourced_env(f"eval {shlex.quote(exports)} && export PULUMI_BIN=$(command -v pulumi)")
+    keys = ("PATH", "PULUMI_HOME", "PULUMI_SKIP_UPDATE_CHECK",
+            "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION", "PULUMI_BIN", "PULUMI_BACKEND_URL",
+            "PULUMI_CONFIG_PASSPHRASE")
+    return {key: exported[key] for key in keys if key in exported}
+
+
+def language_host_missing(env: dict[str, str]) -> Path | None:
+    """The file the CLI needs to run `__main__.py` itself (beside the CLI), or None."""
+    bin_dir = Path(env["PULUMI_BIN"]).parent
+    for name in ("pulumi-language-python", "pulumi-language-python-exec"):
+        if not (bin_dir / name).exists():
+            return bin_dir / name
+    return None
+
+
+def _repo_program() -> None:
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    with _cwd(REPO):
+        runpy.run_path(str(REPO / "__main__.py"), run_name="__main__")
+
+
+def repo_stack(env: dict[str, str], name: str = "sim") -> auto.Stack:
+    """Stack NAME of the repository itself: its Pulumi.yaml and Pulumi.NAME.yaml, the backend in
+    ENV (sim_stack_env), as the CLI in the repository root sees it. The program runs through the
+    language host beside the CLI, as `pulumi up` runs it; where that host is missing (a CLI built
+    from Go modules), inline in this process, with the same stack file and state."""
+    cli = auto.PulumiCommand(root=str(Path(env["PULUMI_BIN"]).parent.parent))
+    options = auto.LocalWorkspaceOptions(work_dir=str(REPO), env_vars=env, pulumi_command=cli)
+    if language_host_missing(env) is None:
+        return auto.select_stack(stack_name=name, work_dir=str(REPO), opts=options)
+    return auto.select_stack(stack_name=name, project_name="kimipd", program=_repo_program,
+                             opts=options)
 
 
 # The resource plugins the program needs, at the versions of the pinned Python SDKs.

@@ -1,7 +1,10 @@
 """The README's demo: `pulumi up` of stack `sim` on the simulated cluster, then /generate.
 
-Runs the real engine through the Automation API (program inline, file backend under
-~/.cache/kimipd/demo), so a second run converges the same stack: a no-op unless something changed.
+The stack is the repository's own, exactly as the CLI in the repository root sees it:
+scripts/setup-stack-sim sets it up (Pulumi.sim.yaml plus the image pin and the SSH key it writes
+there with `pulumi config set`, the file backend under ~/.cache/kimipd/state), and the engine runs
+`__main__.py` through the language host. So `pulumi preview --diff -s sim` right after the demo
+is a no-op, and a second run converges the same stack: a no-op unless something changed.
 """
 
 from __future__ import annotations
@@ -14,21 +17,18 @@ import time
 import urllib.request
 from pathlib import Path
 
-from pulumi import automation as auto
-
-from components.config import read_stack_file
 from sim.automation import (
-    REPO, REQUIRED_PLUGINS, Project, engine_env, installed_plugins, sim_exports)
+    REPO, REQUIRED_PLUGINS, engine_env, installed_plugins, language_host_missing, repo_stack,
+    sim_stack_env)
 
 CACHE = Path(os.environ.get("KIMIPD_CACHE", Path.home() / ".cache" / "kimipd"))
 SIM = REPO / "sim" / "sim"
 
 
-def sim_env() -> dict[str, str]:
+def sim_up() -> None:
     subprocess.run([str(SIM), "up"], check=True)
     # Nothing may be sent to 10.231.60.x unless the sim's bridge carries it.
     subprocess.run([str(SIM), "status"], check=True, stdout=subprocess.DEVNULL)
-    return sim_exports()
 
 
 def generate(url: str, text: str) -> dict:
@@ -46,16 +46,16 @@ def main() -> int:
         print(f"demo: the engine is ready but these resource plugins are not: {names}.\n"
               "  With internet access, scripts/install-pulumi installs them from the official "
               "source; offline, put the official\n  plugin files in "
-              f"{CACHE}/pulumi/dropin/ (see scripts/install-pulumi) and run the demo again.",
+              f"{CACHE}/pulumi/dropin/ (docs/air-gapped.md) and run the demo again.",
               file=sys.stderr)
         return 2
-    sim = sim_env()
-    project = Project(CACHE / "demo", env)
-    project.write_stack("sim", read_stack_file(REPO / "Pulumi.sim.yaml")
-                        | {"image": sim["KIMIPD_SIM_IMAGE"]})
-    stack = project.stack("sim")
-    stack.set_config("kimipd:sshPrivateKey", auto.ConfigValue(
-        value=Path(sim["KIMIPD_SIM_KEY"]).read_text(), secret=True))
+    sim_up()
+    env = sim_stack_env()
+    missing_host = language_host_missing(env)
+    if missing_host:
+        print(f"demo: {missing_host} is missing, so the program runs inline in this process (same "
+              "stack file, same state); the pulumi CLI alone cannot run it here.", file=sys.stderr)
+    stack = repo_stack(env)
     # What the nodes really run (a container may have died or been removed since the last run).
     stack.refresh()
     started = time.monotonic()
@@ -67,8 +67,9 @@ def main() -> int:
     print(f"smoke test: {outputs['smokeTest']!r}")
     answer = generate(outputs["generateUrl"], "Hello from the kimipd demo")
     print(f"/generate:  {answer['text']!r}")
-    print(f"\nstate: {project.directory} (PULUMI_BACKEND_URL=file://{project.state}, "
-          "PULUMI_CONFIG_PASSPHRASE=kimipd-tests)")
+    print("\nthe same stack from the CLI, in the repository root:\n"
+          '  eval "$(scripts/setup-stack-sim)"\n'
+          "  pulumi preview --diff -s sim      # nothing to change")
     return 0
 
 

@@ -1,0 +1,233 @@
+"""The preview's steps as changes a reviewer reads: which node, which role, what differs.
+
+Pure functions over the JSON `pulumi preview --json` prints; no Pulumi import. A node is found,
+in order, in the deployed stack's own `containers` output (the contract for downstream tooling),
+then in the program's resource names (`node-10-231-60-5-image`, the docker provider
+`node-10-231-60-5-docker`, `decode-r0-health` belonging to role `decode-r0`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+CONTAINER = "docker:index/container:Container"
+# What the engine shows for a value it will only know after apply.
+UNKNOWN = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"
+CLUSTER = "(cluster)"
+_NODE_NAME = re.compile(r"^node-(\d+)-(\d+)-(\d+)-(\d+)(?:-|$)")
+
+
+@dataclass(frozen=True)
+class InputChange:
+    """One changed input: a flag (`--max-running-requests`), an env var, a label, or another
+    input of the resource (`image`, `triggers`); None = not set on that side."""
+
+    kind: str  # flag | env | label | input
+    name: str
+    old: str | None
+    new: str | None
+
+
+@dataclass
+class Change:
+    op: str  # create | replace | update | delete
+    urn: str
+    type: str
+    name: str
+    node: str
+    role: str
+    container: str | None
+    inputs: list[InputChange]
+    dependencies: list[str] = field(default_factory=list)
+
+    @property
+    def is_container(self) -> bool:
+        return self.type == CONTAINER
+
+
+def shown(value: Any) -> str | None:
+    if value is None:
+        return None
+    if value == UNKNOWN:
+        return "(known after apply)"
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).replace(UNKNOWN, "?")
+
+
+def argv_flags(argv: list[str]) -> dict[str, str]:
+    """`--flag value` / `--flag=value` / `--switch` -> {flag: value}; a flag given more than once
+    (the launch wrapper's `--wheel`) keeps every value, space-separated; a positional word is
+    keyed by its position among the positionals (`argv[0]`)."""
+    flags: dict[str, list[str]] = {}
+    positional = 0
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            i += 1
+            continue
+        if token.startswith("-") and len(token) > 1:
+            name, eq, value = token.partition("=")
+            if not eq:
+                following = argv[i + 1] if i + 1 < len(argv) else None
+                if following is not None and not following.startswith("--"):
+                    value, i = following, i + 1
+                else:
+                    value = ""
+            flags.setdefault(name, []).append(value)
+        else:
+            flags.setdefault(f"argv[{positional}]", []).append(token)
+            positional += 1
+        i += 1
+    return {name: " ".join(values) for name, values in flags.items()}
+
+
+def _diff(kind: str, old: dict[str, str], new: dict[str, str]) -> list[InputChange]:
+    return [InputChange(kind, name, old.get(name), new.get(name))
+            for name in sorted(old.keys() | new.keys(), key=_flag_order(old, new))
+            if old.get(name) != new.get(name)]
+
+
+def _flag_order(old: dict[str, str], new: dict[str, str]):
+    order = {name: i for i, name in enumerate([*new, *(n for n in old if n not in new)])}
+    return lambda name: order[name]
+
+
+def _envs(value: Any) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in value or [] if isinstance(item, str) and "=" in item)
+
+
+def _labels(value: Any) -> dict[str, str]:
+    return {item["label"]: item["value"] for item in value or [] if isinstance(item, dict)}
+
+
+def input_changes(type_: str, old: dict[str, Any], new: dict[str, Any]) -> list[InputChange]:
+    """What differs between two input sets; a container's command, envs and labels key by key."""
+    old = {k: v for k, v in old.items() if k != "__defaults"}
+    new = {k: v for k, v in new.items() if k != "__defaults"}
+    changes: list[InputChange] = []
+    keys = sorted(old.keys() | new.keys())
+    if type_ == CONTAINER:
+        changes += _diff("flag", argv_flags(old.get("command") or []), argv_flags(new.get("command") or []))
+        changes += _diff("env", _envs(old.get("envs")), _envs(new.get("envs")))
+        changes += _diff("label", _labels(old.get("labels")), _labels(new.get("labels")))
+        keys = [k for k in keys if k not in ("command", "envs", "labels")]
+    for key in keys:
+        if old.get(key) != new.get(key):
+            changes.append(InputChange("input", key, shown(old.get(key)), shown(new.get(key))))
+    return changes
+
+
+def _short(urn: str) -> str:
+    return urn.split("::")[-1]
+
+
+def _address(name: str) -> str | None:
+    match = _NODE_NAME.match(name)
+    return ".".join(match.groups()) if match else None
+
+
+def stack_name(preview: dict[str, Any]) -> str:
+    for step in preview.get("steps", []):
+        return step["urn"].split(":")[2]  # urn:pulumi:STACK::PROJECT::...
+    return "?"
+
+
+def deployed_roles(preview: dict[str, Any]) -> dict[str, str]:
+    """role -> node from the deployed stack's `containers` output (empty before the first up)."""
+    for step in preview.get("steps", []):
+        state = step.get("oldState") or {}
+        if state.get("type") == "pulumi:pulumi:Stack":
+            containers = (state.get("outputs") or {}).get("containers") or {}
+            return {role: entry.get("node", "") for role, entry in containers.items()
+                    if isinstance(entry, dict)}
+    return {}
+
+
+def changes(preview: dict[str, Any]) -> list[Change]:
+    """Every custom resource the preview creates, replaces, updates or deletes, in step order."""
+    found: list[Change] = []
+    for step in preview.get("steps", []):
+        op = step["op"]
+        if op in ("same", "read", "refresh") or op.startswith("discard"):
+            continue
+        old = step.get("oldState") or {}
+        new = step.get("newState") or {}
+        state = new or old
+        if not state.get("custom", False) or state.get("type", "").startswith("pulumi:providers:"):
+            continue
+        inputs = new.get("inputs") or {} if op != "delete" else {}
+        before = old.get("inputs") or {} if op != "create" else {}
+        labels = _labels((inputs or before).get("labels"))
+        name = _short(step["urn"])
+        found.append(Change(
+            op={"create-replacement": "replace", "delete-replaced": "replace"}.get(op, op),
+            urn=step["urn"], type=state.get("type", ""), name=name, node="",
+            role=labels.get("kimipd.role", ""),
+            container=(inputs or before).get("name") if state.get("type") == CONTAINER else None,
+            inputs=input_changes(state.get("type", ""), before, inputs) if op in ("replace", "update") else [],
+            dependencies=list(state.get("dependencies") or []),
+        ))
+    _place(found, deployed_roles(preview), preview)
+    return found
+
+
+def _place(found: list[Change], deployed: dict[str, str], preview: dict[str, Any]) -> None:
+    """Fill in each change's node and role."""
+    providers = {step["urn"]: step.get("provider", "") for step in preview.get("steps", [])}
+    roles = dict(deployed)
+    for change in found:
+        if change.role and change.role not in roles:
+            provider_name = _short(providers.get(change.urn, "").rsplit("::", 1)[0])
+            address = _address(provider_name)
+            if address:
+                roles[change.role] = address
+    for change in found:
+        if not change.role:
+            address = _address(change.name)
+            if address:
+                change.role, change.node = "node", address
+                continue
+            owner = max((role for role in roles if change.name.startswith(role + "-")),
+                        key=len, default=None)
+            change.role = owner or change.name
+        change.node = roles.get(change.role) or change.node or CLUSTER
+
+
+def order(found: list[Change]) -> list[list[Change]]:
+    """The changes in the order the engine runs them: each wave waits for the one before it
+    (dependency edges among the changed resources; deletes run dependents first)."""
+    by_urn = {change.urn: change for change in found}
+    level: dict[str, int] = {}
+
+    def forward(change: Change, seen: frozenset[str] = frozenset()) -> int:
+        if change.urn not in level:
+            deps = [by_urn[d] for d in change.dependencies if d in by_urn and d not in seen
+                    and by_urn[d].op != "delete"]
+            level[change.urn] = 1 + max((forward(d, seen | {change.urn}) for d in deps), default=-1)
+        return level[change.urn]
+
+    dependents: dict[str, list[Change]] = {}
+    for change in found:
+        for dep in change.dependencies:
+            dependents.setdefault(dep, []).append(change)
+
+    def backward(change: Change, seen: frozenset[str] = frozenset()) -> int:
+        if change.urn not in level:
+            users = [d for d in dependents.get(change.urn, []) if d.op == "delete" and d.urn not in seen]
+            level[change.urn] = 1 + max((backward(d, seen | {change.urn}) for d in users), default=-1)
+        return level[change.urn]
+
+    deletes = [c for c in found if c.op == "delete"]
+    others = [c for c in found if c.op != "delete"]
+    waves: list[list[Change]] = []
+    for group, rank in ((deletes, backward), (others, forward)):
+        buckets: dict[int, list[Change]] = {}
+        for change in group:
+            buckets.setdefault(rank(change), []).append(change)
+        waves += [buckets[i] for i in sorted(buckets)]
+    return waves

@@ -1,0 +1,106 @@
+"""The Markdown a reviewer reads in the pull request."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from .changes import CLUSTER, Change, InputChange, changes, order, stack_name
+
+VERBS = {"create": "create", "replace": "replace", "update": "update in place", "delete": "delete"}
+SUMMARY_ORDER = ("create", "replace", "update", "delete", "same")
+SUMMARY_WORDS = {"create": "to create", "replace": "to replace", "update": "to update",
+                 "delete": "to delete", "same": "unchanged"}
+
+
+def _code(value: str | None) -> str:
+    if value is None:
+        return "(unset)"
+    if value == "":
+        return "(set, no value)"
+    text = value if len(value) <= 120 else value[:117] + "..."
+    return "`" + text.replace("`", "'").replace("|", "\\|") + "`"
+
+
+def _node_key(node: str) -> tuple:
+    try:
+        return (0, ipaddress.ip_address(node))
+    except ValueError:
+        return (1, node)
+
+
+def _what(change: Change) -> str:
+    kind = change.type.split(":")[-1]
+    kind = KINDS.get(kind, kind)
+    if change.container:
+        return f"container `{change.container}`"
+    return f"{kind} `{change.name}`"
+
+
+def _input(change: InputChange) -> str:
+    """`name` old -> new for a short plain value; the name alone for lists and long values."""
+    plain = all(v is not None and len(v) <= 120 and not v.startswith(("[", "{"))
+                for v in (change.old, change.new))
+    return f"`{change.name}` {_code(change.old)} -> {_code(change.new)}" if plain else f"`{change.name}`"
+
+
+KINDS = {"Container": "container", "RemoteImage": "image", "Command": "command",
+         "CopyToRemote": "file copy"}
+
+
+def _label(change: InputChange) -> str:
+    return {"flag": "flag", "env": "env", "label": "label", "input": "input"}[change.kind] + \
+        f" `{change.name}`"
+
+
+def summary_line(preview: dict[str, Any]) -> str:
+    counts = preview.get("changeSummary") or {}
+    parts = [f"{counts[op]} {SUMMARY_WORDS[op]}" for op in SUMMARY_ORDER if counts.get(op)]
+    parts += [f"{n} {op}" for op, n in sorted(counts.items()) if op not in SUMMARY_ORDER and n]
+    return ", ".join(parts) or "no changes"
+
+
+def render(preview: dict[str, Any]) -> str:
+    found = changes(preview)
+    lines = [f"### `pulumi preview` of stack `{stack_name(preview)}`: {summary_line(preview)}", ""]
+    if not found:
+        lines.append("Nothing changes: every resource is as deployed.")
+        return "\n".join(lines) + "\n"
+
+    lines += ["| node | role | resource | change |", "| --- | --- | --- | --- |"]
+    for change in sorted(found, key=lambda c: (_node_key(c.node), c.role, not c.is_container, c.name)):
+        lines.append(f"| {change.node} | {change.role} | {_what(change)} | {VERBS[change.op]} |")
+
+    containers = [c for c in found if c.is_container and c.op in ("replace", "update")]
+    lines.append("")
+    if containers:
+        lines += ["#### What changes in each container", ""]
+        for change in sorted(containers, key=lambda c: (_node_key(c.node), c.role)):
+            lines.append(f"**{change.role}** on {change.node} (`{change.container}`), "
+                         f"{VERBS[change.op]}:")
+            lines.append("")
+            if change.inputs:
+                lines += ["| what | old | new |", "| --- | --- | --- |"]
+                lines += [f"| {_label(i)} | {_code(i.old)} | {_code(i.new)} |" for i in change.inputs]
+            else:
+                lines.append("no input of its own differs: replaced because something it depends "
+                             "on is replaced")
+            lines.append("")
+
+    others = [c for c in found if not c.is_container and c.op in ("replace", "update") and c.inputs]
+    if others:
+        lines += ["#### Other resources: inputs that change", ""]
+        for change in sorted(others, key=lambda c: (_node_key(c.node), c.name)):
+            where = f" on {change.node}" if change.node != CLUSTER else ""
+            lines.append(f"- {_what(change)}{where}: " + ", ".join(_input(i) for i in change.inputs))
+        lines.append("")
+
+    lines += ["#### Order", ""]
+    lines.append("The engine runs these in waves; each waits for the one before it "
+                 "(dependencies; deletions run dependents first).")
+    lines.append("")
+    for number, wave in enumerate(order(found), start=1):
+        items = ", ".join(f"{VERBS[c.op]} {c.name}" + (f" ({c.node})" if c.node != CLUSTER else "")
+                          for c in sorted(wave, key=lambda c: (_node_key(c.node), c.name)))
+        lines.append(f"{number}. {items}")
+    return "\n".join(lines) + "\n"
