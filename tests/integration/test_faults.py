@@ -160,13 +160,18 @@ def test_up_interrupted_while_a_gate_waits_recovers(stack: auto.Stack, project: 
             stack.up()
         assert "locked" in str(locked.value)
         stack.cancel()
-        stack.refresh(clear_pending_creates=True)
         # Containers the killed run had created are not in the state; with fixed names the next
-        # create would collide with them (README, troubleshooting: remove them, then up).
+        # create would collide with them. Their group goes whole (a rank the state knows would
+        # be left alone and hang): README, troubleshooting.
         known = state_container_ids(stack)
-        for name, id_state in container_ids(sim).items():
-            if not any(full.startswith(id_state.split()[0]) for full in known):
+        orphans = [name for name, id_state in container_ids(sim).items()
+                   if not any(full.startswith(id_state.split()[0]) for full in known)]
+        groups = {name.rsplit("-r", 1)[0] if name.rsplit("-r", 1)[-1].isdigit() else name
+                  for name in orphans}
+        for name in container_ids(sim):
+            if (name.rsplit("-r", 1)[0] if name.rsplit("-r", 1)[-1].isdigit() else name) in groups:
                 remove_everywhere(sim, name)
+        stack.refresh(clear_pending_creates=True)
     converges(stack)
     all_running(sim)
 
