@@ -1,0 +1,11 @@
+"""`scripts/kimipd`: the operator's day-two commands (status, logs, verify) for a deployed stack.
+
+The topology comes only from the stack's outputs (`pulumi stack output`, the README's contract)
+and the way to reach the nodes only from the stack's config (`kimipd:connection`, `kimipd:nodes`,
+the `sshPrivateKey` secret), the same settings the program deploys with.
+"""
+
+# Exit codes shared by the commands.
+OK = 0  # everything serves / every check passed
+DEGRADED = 1  # something is wrong (a container, a probe, a regression, a file not collected)
+DOWN = 2  # the stack is not serving (serving false, no outputs) or nothing could be reached

@@ -1,0 +1,234 @@
+"""The command line: `scripts/kimipd [-s STACK] {status,logs,verify} ...`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.console import Console
+from rich.live import Live
+
+from . import DEGRADED, DOWN, OK
+from . import logs as logs_command
+from . import status as status_command
+from . import verify as verify_command
+from .probe import VIA_CHOICES, Prober
+from .remote import RemoteError, SshTransport, Transport
+from .stack import REPO, Access, Stack, StackError, load_stack
+
+EXIT_CODES = (f"exit codes: {OK} all serve / all pass, {DEGRADED} degraded / regression / "
+              f"something not collected, {DOWN} stack down (serving false, no outputs) or "
+              "unreachable")
+VIA_HELP = ("how HTTP is probed: direct from this machine, ssh (curl on the node), or auto "
+            "(direct, then ssh when the port cannot be reached from here); default auto")
+
+
+def _common(parser: argparse.ArgumentParser, suppress: bool) -> None:
+    """Options taken before or after the subcommand (as pulumi takes -s anywhere)."""
+    default = (lambda value: argparse.SUPPRESS) if suppress else (lambda value: value)
+    parser.add_argument("-s", "--stack", default=default(None),
+                        help="the stack to read (default: the currently selected stack)")
+    parser.add_argument("--cwd", type=Path, default=default(REPO), metavar="DIR",
+                        help="the Pulumi project directory, where pulumi runs (default: this "
+                             "repository)")
+    # Tests inject the stack instead of running pulumi: `pulumi stack output --json` and
+    # `pulumi config --json` (or {key: value}) as files.
+    parser.add_argument("--outputs-json", type=Path, default=default(None), help=argparse.SUPPRESS)
+    parser.add_argument("--config-json", type=Path, default=default(None), help=argparse.SUPPRESS)
+
+
+def _positive(value: str) -> float:
+    number = float(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive number")
+    return number
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kimipd",
+        description="Day-two operations on a deployed kimipd stack. The topology comes from "
+                    "the stack's outputs (pulumi stack output), the way to the nodes from its "
+                    "config (kimipd:connection, kimipd:nodes, the sshPrivateKey secret or "
+                    "ssh-agent).",
+        epilog=EXIT_CODES)
+    _common(parser, suppress=False)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    status = commands.add_parser(
+        "status", help="every container's state, health and the whole path, in one table",
+        description="One row per container (mc-master, every rank of every group, router): "
+                    "node, docker state and uptime (docker inspect over SSH), the "
+                    "kimipd.restart-generation label, its healthUrl; then one 1-token /generate "
+                    "through the router. Probes run in parallel, each with its own timeout.",
+        epilog=EXIT_CODES)
+    _common(status, suppress=True)
+    status.add_argument("--json", action="store_true", help="print JSON instead of the table "
+                        "(one document per refresh with --watch)")
+    status.add_argument("--watch", action="store_true", help="refresh until interrupted")
+    status.add_argument("--interval", type=_positive, default=5.0, metavar="SECONDS",
+                        help="seconds between refreshes with --watch (default 5)")
+    status.add_argument("--timeout", type=_positive, default=5.0, metavar="SECONDS",
+                        help="per probe: SSH connect, docker inspect, one health check "
+                             "(default 5)")
+    status.add_argument("--generate-timeout", type=_positive, default=60.0, metavar="SECONDS",
+                        help="the 1-token /generate through the router (default 60)")
+    status.add_argument("--via", choices=VIA_CHOICES, default="auto", help=VIA_HELP)
+    status.set_defaults(func=run_status)
+
+    logs = commands.add_parser(
+        "logs", help="collect logs, docker inspect and node diagnostics into one .tar.gz",
+        description="In parallel over SSH: every kimipd-* container's `docker logs "
+                    "--timestamps --since X` and `docker inspect`, and each node's nvidia-smi, "
+                    "ibstat, `rdma link` (absent tools are noted, not errors) and `docker ps -a`, "
+                    "into kimipd-logs-STACK-TIME.tar.gz with index.json and INDEX.txt.",
+        epilog=EXIT_CODES)
+    _common(logs, suppress=True)
+    logs.add_argument("--role", action="append", default=[], metavar="ROLE",
+                      help="only these containers (and their nodes): a role (decode-r1), a "
+                           "role prefix (decode, mooncake), a group name or mode; repeatable")
+    logs.add_argument("--since", default="1h",
+                      help="docker logs --since: a duration (30m, 2h) or a time (default 1h)")
+    logs.add_argument("--out", type=Path, default=Path("."), metavar="DIR",
+                      help="where to write the bundle (default: the current directory)")
+    logs.add_argument("--timeout", type=_positive, default=60.0, metavar="SECONDS",
+                      help="per command on a node (default 60)")
+    logs.add_argument("--json", action="store_true", help="print the bundle's index.json")
+    logs.set_defaults(func=run_logs)
+
+    verify = commands.add_parser(
+        "verify", help="the runbook's requests through the router, timed; baseline check",
+        description="Sends the kimipd:verification baseline's requests (default: the runbook's "
+                    "warmup 6->16, medium 1680->512, long 5280->256 tokens) to generateUrl as "
+                    "SGLang /generate with input_ids, ignore_eos and stream, one at a time; "
+                    "reports status, output tokens, time to first token, end-to-end seconds, "
+                    "prefill tokens/s (input / TTFT) and decode tokens/s ((output - 1) / "
+                    "(e2e - TTFT)). A figure beyond the baseline's tolerance is a regression.",
+        epilog=EXIT_CODES)
+    _common(verify, suppress=True)
+    verify.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    verify.add_argument("--timeout", type=_positive, default=600.0, metavar="SECONDS",
+                        help="per request (default 600)")
+    verify.add_argument("--via", choices=VIA_CHOICES, default="auto", help=VIA_HELP)
+    verify.add_argument("--seed", type=int, help="seed of the prompts' token ids (default: the "
+                        "time; a repeated prompt would hit the prefix cache)")
+    verify.add_argument("--only", action="append", default=[], metavar="NAME",
+                        help="only this baseline request (warmup, medium, long); repeatable")
+    verify.set_defaults(func=run_verify)
+    return parser
+
+
+def console() -> Console:
+    # Not a terminal (a file, a pipe, docs): wide enough for the tables, no colour codes.
+    width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS") or 220)
+    return Console(width=width, highlight=False)
+
+
+def run_status(args: argparse.Namespace, stack: Stack, transport: Transport) -> int:
+    prober = Prober(transport, args.timeout, args.via)
+    out = console()
+
+    def once() -> status_command.Report:
+        forget = getattr(transport, "forget_failures", None)
+        if forget is not None:
+            forget()
+        return status_command.collect(stack.topology, transport, prober, args.timeout,
+                                      args.generate_timeout)
+
+    if not args.watch:
+        report = once()
+        prober.close()
+        if args.json:
+            print(json.dumps(report.as_json(), indent=2))
+        else:
+            out.print(status_command.render(report))
+        return report.exit_code
+    code = DOWN
+    try:
+        if args.json:
+            while True:
+                report = once()
+                print(json.dumps(report.as_json()), flush=True)
+                code = report.exit_code
+                time.sleep(args.interval)
+        with Live(console=out, auto_refresh=False) as live:
+            while True:
+                report = once()
+                live.update(status_command.render(report), refresh=True)
+                code = report.exit_code
+                time.sleep(args.interval)
+    except KeyboardInterrupt:
+        pass
+    return code
+
+
+def run_logs(args: argparse.Namespace, stack: Stack, transport: Transport) -> int:
+    try:
+        path, index, code = logs_command.collect_bundle(
+            stack.topology, transport, args.out, since=args.since, selectors=args.role,
+            timeout=args.timeout)
+    except ValueError as error:
+        print(f"kimipd logs: {error}", file=sys.stderr)
+        return DEGRADED
+    if args.json:
+        print(json.dumps(index | {"bundle": str(path)}, indent=2))
+        return code
+    files = index["files"]
+    size = path.stat().st_size
+    print(f"bundle: {path} ({len(index['containers'])} containers on {len(index['nodes'])} "
+          f"nodes, {sum(1 for f in files if f['status'] != 'absent')} files, "
+          f"{size / 1e6:.2f} MB, {index['seconds']}s)")
+    # One line per tool and outcome, not per node: eight nodes without ibstat is one fact.
+    noted: dict[str, list[str]] = {}
+    for entry in files:
+        if entry["status"] == "absent":
+            noted.setdefault(f"absent: {entry['what']}", []).append(entry["node"])
+        elif entry["status"] == "nonzero":
+            noted.setdefault(f"exit {entry['exit_status']}: {entry['what']} ({entry['error']}; "
+                             "output kept)", []).append(entry["node"])
+    for what, nodes in noted.items():
+        print(f"{what} on {', '.join(nodes)}")
+    failed = [f for f in files if f["status"] == "failed"]
+    for entry in failed:
+        print(f"failed: {entry['path']} ({entry['what']}): {entry['error']}")
+    print(f"{len(failed)} failed; exit {code}")
+    return code
+
+
+def run_verify(args: argparse.Namespace, stack: Stack, transport: Transport) -> int:
+    report = verify_command.run(stack.topology, stack.verification, transport,
+                                timeout=args.timeout, via=args.via, seed=args.seed,
+                                only=args.only)
+    if args.json:
+        print(json.dumps(report.as_json(), indent=2))
+    else:
+        console().print(verify_command.render(report))
+    return report.exit_code
+
+
+def main(argv: list[str] | None = None,
+         transport_factory: Callable[[Access], Transport] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        stack = load_stack(args.stack, args.cwd, args.outputs_json, args.config_json)
+    except StackError as error:
+        print(f"kimipd: {error}", file=sys.stderr)
+        return DOWN
+    try:
+        if transport_factory is not None:
+            transport = transport_factory(stack.access)
+        else:
+            connect_timeout = getattr(args, "timeout", 10.0) if args.command == "status" else 10.0
+            transport = SshTransport(stack.access, connect_timeout=connect_timeout)
+    except RemoteError as error:
+        print(f"kimipd: {error}", file=sys.stderr)
+        return DOWN
+    try:
+        return args.func(args, stack, transport)
+    finally:
+        transport.close()

@@ -1,0 +1,167 @@
+"""HTTP probes from the operator's machine, or with `curl` on the node over SSH when the node's
+port cannot be reached from here. Every answer says which path it took (`via`)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import httpx
+
+from .remote import RemoteError, Transport
+
+VIA_CHOICES = ("auto", "direct", "ssh")
+
+
+@dataclass
+class HttpAnswer:
+    url: str
+    via: str  # "direct" | "ssh"
+    status: int | None = None  # None: no HTTP answer at all
+    seconds: float | None = None
+    error: str | None = None
+    body: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200
+
+    def summary(self) -> str:
+        if self.status is not None:
+            return str(self.status)
+        return self.error or "no answer"
+
+    def as_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("body")
+        if self.seconds is not None:
+            data["seconds"] = round(self.seconds, 4)
+        return data
+
+
+def _timeout(seconds: float) -> httpx.Timeout:
+    return httpx.Timeout(seconds, connect=min(seconds, 5.0))
+
+
+def direct_client(timeout: float) -> httpx.Client:
+    # trust_env=False: cluster addresses never go through the caller's HTTP(S)_PROXY.
+    return httpx.Client(timeout=_timeout(timeout), trust_env=False,
+                        limits=httpx.Limits(max_connections=64))
+
+
+# What makes a node's port "not reachable from here": no TCP connection at all. A connection
+# that opens and then hangs reached the server, and asking again over SSH would only wait twice.
+_UNREACHABLE = (httpx.ConnectError, httpx.ConnectTimeout)
+
+
+def _error(error: Exception) -> str:
+    text = str(error) or type(error).__name__
+    match = re.search(r"\[Errno \d+\] ([^\]')]+)", text)
+    if match:
+        return match.group(1).strip().lower()
+    if isinstance(error, httpx.TimeoutException):
+        return "timed out"
+    return text[:120]
+
+
+class Prober:
+    def __init__(self, transport: Transport | None, timeout: float, via: str = "auto") -> None:
+        if via not in VIA_CHOICES:
+            raise ValueError(f"via must be one of {VIA_CHOICES}")
+        self.transport = transport
+        self.timeout = timeout
+        self.via = via
+        # One client for every probe (it is thread-safe): building one costs more than a probe.
+        self._client: httpx.Client | None = None
+        self._lock = threading.Lock()
+
+    def _http(self) -> httpx.Client:
+        with self._lock:
+            if self._client is None:
+                self._client = direct_client(self.timeout)
+            return self._client
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+    def get(self, url: str, node: str) -> HttpAnswer:
+        return self.request("GET", url, node)
+
+    def request(self, method: str, url: str, node: str, body: Any = None,
+                timeout: float | None = None) -> HttpAnswer:
+        timeout = timeout or self.timeout
+        if self.via in ("auto", "direct"):
+            answer, reachable = self._direct(method, url, body, timeout)
+            if reachable or self.via == "direct" or self.transport is None:
+                return answer
+        return self._over_ssh(method, url, node, body, timeout)
+
+    def _direct(self, method: str, url: str, body: Any, timeout: float) -> tuple[HttpAnswer, bool]:
+        client = self._http()
+        started = time.monotonic()
+        try:
+            response = client.request(method, url, json=body, timeout=_timeout(timeout))
+            return HttpAnswer(url, "direct", response.status_code, time.monotonic() - started,
+                              body=response.text[:2000]), True
+        except _UNREACHABLE as error:
+            return HttpAnswer(url, "direct", error=_error(error)), False
+        except httpx.HTTPError as error:
+            return HttpAnswer(url, "direct", seconds=time.monotonic() - started,
+                              error=_error(error)), True
+
+    def _over_ssh(self, method: str, url: str, node: str, body: Any,
+                  timeout: float) -> HttpAnswer:
+        command = curl_command(method, url, timeout, with_body=body is not None)
+        stdin = json.dumps(body).encode() if body is not None else None
+        try:
+            # The SSH connection's own time is not the probe's: allow for it on top.
+            result = self.transport.run(node, command, timeout=timeout + 5, stdin=stdin)
+        except RemoteError as error:
+            return HttpAnswer(url, "ssh", error=str(error))
+        return parse_curl(url, result.out, result.err, result.status)
+
+
+STATUS_MARK = "KIMIPD-HTTP"
+
+
+def curl_command(method: str, url: str, timeout: float, with_body: bool = False,
+                 stream: bool = False) -> str:
+    """curl on the node: the body on stdout, then a last line `KIMIPD-HTTP <code> <seconds>`."""
+    argv = ["curl", "-sS", "--noproxy", "*", "--max-time", f"{timeout:g}", "-X", method,
+            "-w", f"\\n{STATUS_MARK} %{{http_code}} %{{time_total}}\\n"]
+    if stream:
+        argv.append("-N")
+    if with_body:
+        argv += ["-H", "Content-Type: application/json", "--data-binary", "@-"]
+    return shlex.join(argv + [url])
+
+
+def parse_curl(url: str, stdout: str, stderr: str, exit_status: int) -> HttpAnswer:
+    body, _, tail = stdout.rpartition(f"\n{STATUS_MARK} ")
+    fields = tail.split()
+    code = int(fields[0]) if fields and fields[0].isdigit() else 0
+    seconds = float(fields[1]) if len(fields) > 1 else None
+    if code == 0:
+        error = stderr.strip().removeprefix("curl: ") or f"curl exited {exit_status}"
+        if exit_status == 127:
+            error = "curl is not installed on the node"
+        return HttpAnswer(url, "ssh", error=_curl_error(error))
+    return HttpAnswer(url, "ssh", code, seconds, body=body[:2000])
+
+
+def _curl_error(text: str) -> str:
+    # "(7) Failed to connect to 10.0.0.1 port 30000 after 0 ms: Couldn't connect to server"
+    text = re.sub(r"^\(\d+\)\s*", "", text.splitlines()[0] if text else text)
+    if "Connection refused" in text or "Couldn't connect" in text:
+        return "connection refused"
+    if "timed out" in text.lower():
+        return "timed out"
+    return text[:120]

@@ -1,0 +1,255 @@
+"""What the operator tools know about a stack: its outputs (the topology) and the connection
+settings of its config, read through the pulumi CLI, or from files a test injects."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from components.config import CONFIG_NAMESPACE, ConnectionSpec, NodeSpec, VerificationSpec
+from components.render import MOONCAKE_MASTER, ROUTER, rank_role
+
+REPO = Path(__file__).resolve().parent.parent
+PULUMI_TIMEOUT_SECONDS = 120
+
+
+class StackError(Exception):
+    """The stack cannot be read: no CLI, no such stack, a config the model refuses."""
+
+
+@dataclass(frozen=True)
+class ContainerRef:
+    """One entry of the `containers` output, with its group and rank when it is an SGLang rank."""
+
+    role: str
+    node: str
+    name: str
+    health_url: str
+    group: str | None = None
+    rank: int | None = None
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The stack's outputs, in the runbook's order: mc-master, prefill, decode, router."""
+
+    stack: str
+    serving: bool
+    restart_generation: int | None
+    router_url: str | None
+    generate_url: str | None
+    containers: tuple[ContainerRef, ...]
+    groups: Mapping[str, Any]
+    nodes: tuple[str, ...]
+
+    @classmethod
+    def from_outputs(cls, stack: str, outputs: Mapping[str, Any]) -> Topology:
+        groups = outputs.get("groups") or {}
+        rank_of: dict[str, tuple[str, int]] = {}
+        for name, group in groups.items():
+            for rank, _ in enumerate(group.get("nodes") or []):
+                rank_of[rank_role(name, rank)] = (name, rank)
+        refs = []
+        for role, entry in (outputs.get("containers") or {}).items():
+            group, rank = rank_of.get(role, (None, None))
+            refs.append(ContainerRef(role=role, node=entry["node"], name=entry["container"],
+                                     health_url=entry["healthUrl"], group=group, rank=rank))
+        mode_order = {"prefill": 1, "decode": 2}
+
+        def order(ref: ContainerRef) -> tuple:
+            if ref.role == MOONCAKE_MASTER:
+                return (0, "", 0, ref.role)
+            if ref.group is not None:
+                mode = groups[ref.group].get("mode")
+                return (mode_order.get(mode, 3), ref.group, ref.rank, ref.role)
+            return (4 if ref.role == ROUTER else 5, "", 0, ref.role)
+
+        nodes = list(outputs.get("nodes") or {})
+        for ref in refs:
+            if ref.node not in nodes:
+                nodes.append(ref.node)
+        generation = outputs.get("restartGeneration")
+        return cls(
+            stack=stack,
+            serving=bool(outputs.get("serving", bool(refs))),
+            restart_generation=int(generation) if generation is not None else None,
+            router_url=outputs.get("routerUrl"),
+            generate_url=outputs.get("generateUrl"),
+            containers=tuple(sorted(refs, key=order)),
+            groups=groups,
+            nodes=tuple(sorted(nodes, key=_address_key)),
+        )
+
+    @property
+    def router(self) -> ContainerRef | None:
+        return next((ref for ref in self.containers if ref.role == ROUTER), None)
+
+    def select(self, selectors: Iterable[str]) -> list[ContainerRef]:
+        """Containers matching any selector: a role (`decode-r1`), a role prefix (`decode`,
+        `mooncake`), a group name or a group mode (`prefill`, `decode`)."""
+        wanted = [s for s in selectors if s]
+        if not wanted:
+            return list(self.containers)
+        chosen = []
+        for ref in self.containers:
+            mode = self.groups.get(ref.group, {}).get("mode") if ref.group else None
+            if any(ref.role.startswith(s) or s in (ref.group, mode) for s in wanted):
+                chosen.append(ref)
+        return chosen
+
+
+def _address_key(address: str) -> tuple:
+    parts = address.split(".")
+    return tuple(int(p) if p.isdigit() else p for p in parts) if len(parts) == 4 else (address,)
+
+
+@dataclass(frozen=True)
+class Access:
+    """How to reach the nodes: the program's own connection settings."""
+
+    known_hosts_file: str | None
+    nodes: Mapping[str, NodeSpec]
+    # The `sshPrivateKey` secret, held in memory only (never printed, never an argument).
+    private_key: str | None = field(default=None, repr=False)
+
+    def node(self, address: str) -> NodeSpec:
+        return self.nodes.get(address) or NodeSpec(address=address)
+
+
+@dataclass(frozen=True)
+class Stack:
+    topology: Topology
+    access: Access
+    verification: VerificationSpec
+
+
+def _pulumi_entry(entry: Any) -> bool:
+    """An entry of `pulumi config --json`: {"value", "objectValue"?, "secret"}."""
+    return (isinstance(entry, Mapping) and "secret" in entry
+            and set(entry) <= {"value", "objectValue", "secret"})
+
+
+def config_values(pulumi_config: Mapping[str, Any]) -> dict[str, Any]:
+    """`kimipd:*` values of `pulumi config --json` (or of a plain {key: value} map), namespace
+    stripped, secrets left out."""
+    prefix = CONFIG_NAMESPACE + ":"
+    values = {}
+    for key, entry in pulumi_config.items():
+        name = key[len(prefix):] if key.startswith(prefix) else key
+        if _pulumi_entry(entry):
+            if entry["secret"]:
+                continue
+            if "objectValue" in entry:
+                entry = entry["objectValue"]
+            else:
+                # Structured values set without --path arrive as JSON text.
+                try:
+                    entry = json.loads(entry.get("value"))
+                except (TypeError, json.JSONDecodeError):
+                    entry = entry.get("value")
+        values[name] = entry
+    return values
+
+
+def secret_keys(pulumi_config: Mapping[str, Any]) -> set[str]:
+    prefix = CONFIG_NAMESPACE + ":"
+    return {key[len(prefix):] if key.startswith(prefix) else key
+            for key, entry in pulumi_config.items() if _pulumi_entry(entry) and entry["secret"]}
+
+
+def access_from_config(values: Mapping[str, Any], private_key: str | None = None) -> Access:
+    try:
+        connection = ConnectionSpec.model_validate(values.get("connection") or {})
+        nodes = [NodeSpec.model_validate(node) for node in values.get("nodes") or []]
+    except ValidationError as error:
+        raise StackError(f"kimipd:connection / kimipd:nodes: {error}") from None
+    return Access(known_hosts_file=connection.known_hosts_file,
+                  nodes={node.address: node for node in nodes}, private_key=private_key)
+
+
+def verification_from_config(values: Mapping[str, Any]) -> VerificationSpec:
+    try:
+        return VerificationSpec.model_validate(values.get("verification") or {})
+    except ValidationError as error:
+        raise StackError(f"kimipd:verification: {error}") from None
+
+
+class PulumiCli:
+    """`pulumi ... -s STACK` in the project directory; the backend comes from the caller's
+    environment (PULUMI_BACKEND_URL, PULUMI_CONFIG_PASSPHRASE) as for any pulumi command."""
+
+    def __init__(self, stack: str | None, cwd: Path) -> None:
+        self.stack = stack
+        self.cwd = cwd
+        self.binary = shutil.which("pulumi")
+        if self.binary is None:
+            raise StackError("the pulumi CLI is not on PATH: install it, or source the env file "
+                             "scripts/install-pulumi writes (~/.cache/kimipd/pulumi/env)")
+
+    def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        argv = [self.binary, *args] + (["-s", self.stack] if self.stack else [])
+        try:
+            result = subprocess.run(argv, cwd=self.cwd, capture_output=True, text=True,
+                                    timeout=PULUMI_TIMEOUT_SECONDS, stdin=subprocess.DEVNULL,
+                                    env=os.environ | {"PULUMI_SKIP_UPDATE_CHECK": "1"})
+        except subprocess.TimeoutExpired:
+            raise StackError(f"`pulumi {args[0]}` did not answer within "
+                             f"{PULUMI_TIMEOUT_SECONDS}s") from None
+        if check and result.returncode != 0:
+            raise StackError(f"`pulumi {' '.join(args[:2])}` failed: "
+                             + (result.stderr.strip() or result.stdout.strip())[-2000:])
+        return result
+
+    def stack_name(self) -> str:
+        if self.stack:
+            return self.stack
+        return self._run("stack", "--show-name").stdout.strip()
+
+    def outputs(self) -> dict[str, Any]:
+        return json.loads(self._run("stack", "output", "--json", "--show-secrets=false").stdout
+                          or "{}")
+
+    def config(self) -> dict[str, Any]:
+        return json.loads(self._run("config", "--json").stdout or "{}")
+
+    def secret(self, key: str) -> str | None:
+        """A secret's value, captured from stdout into memory (`pulumi config get` decrypts)."""
+        result = self._run("config", "get", key, check=False)
+        if result.returncode != 0:
+            if re.search(r"not found", result.stderr):
+                return None
+            raise StackError(f"`pulumi config get {key}` failed: {result.stderr.strip()[-2000:]}")
+        return result.stdout
+
+
+def load_stack(stack: str | None, cwd: Path = REPO, outputs_file: Path | None = None,
+               config_file: Path | None = None) -> Stack:
+    """The stack's outputs and connection settings; files replace the CLI (tests)."""
+    cli = None
+    if outputs_file is None or config_file is None:
+        cli = PulumiCli(stack, cwd)
+    name = stack or (cli.stack_name() if cli else "injected")
+    if outputs_file is not None:
+        outputs = json.loads(Path(outputs_file).read_text())
+    else:
+        outputs = cli.outputs()
+    private_key = None
+    if config_file is not None:
+        raw_config = json.loads(Path(config_file).read_text())
+    else:
+        raw_config = cli.config()
+        if "sshPrivateKey" in secret_keys(raw_config):
+            private_key = cli.secret("sshPrivateKey")
+    values = config_values(raw_config)
+    return Stack(topology=Topology.from_outputs(name, outputs),
+                 access=access_from_config(values, private_key),
+                 verification=verification_from_config(values))

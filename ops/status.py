@@ -1,0 +1,287 @@
+"""`kimipd status`: every container's docker state (over SSH) and health (its healthUrl), and one
+1-token /generate through the router for the whole path. Probes run in parallel, each bounded
+by its timeout: a dead node costs its own rows, never the table."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from . import DEGRADED, DOWN, OK
+from .probe import HttpAnswer, Prober
+from .remote import RemoteError, Transport
+from .stack import ContainerRef, Topology
+
+GENERATION_LABEL = "kimipd.restart-generation"
+# The whole path: one token through the router (prefill, KV hand-off, decode).
+PATH_PROBE_BODY = {"text": "ping", "sampling_params": {"max_new_tokens": 1, "ignore_eos": True}}
+
+
+@dataclass
+class Docker:
+    """What `docker inspect` said about one container (or why it could not say)."""
+
+    state: str  # running, exited, ..., "absent", "unknown"
+    exit_code: int | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    generation: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class Row:
+    ref: ContainerRef
+    docker: Docker
+    health: HttpAnswer
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+@dataclass
+class Report:
+    stack: str
+    checked_at: datetime
+    serving: bool
+    rows: list[Row]
+    path: HttpAnswer | None
+    exit_code: int
+    verdict: str
+    notes: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "stack": self.stack,
+            "checkedAt": self.checked_at.isoformat(timespec="seconds"),
+            "serving": self.serving,
+            "verdict": self.verdict,
+            "exitCode": self.exit_code,
+            "containers": [{
+                "role": row.ref.role,
+                "group": row.ref.group,
+                "rank": row.ref.rank,
+                "node": row.ref.node,
+                "container": row.ref.name,
+                "state": row.docker.state,
+                "exitCode": row.docker.exit_code,
+                "startedAt": row.docker.started_at,
+                "uptimeSeconds": _uptime_seconds(row.docker, self.checked_at),
+                "restartGeneration": row.docker.generation,
+                "dockerError": row.docker.error,
+                "health": row.health.as_json(),
+                "ok": row.ok,
+                "problems": row.problems,
+            } for row in self.rows],
+            "generate": self.path.as_json() if self.path else None,
+            "notes": self.notes,
+        }
+
+
+_DOCKER_TIME = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)?$")
+
+
+def _parse_time(value: str | None) -> datetime | None:
+    """docker's RFC 3339 with nanoseconds (2026-11-29T20:17:01.123456789Z); None when unset."""
+    match = _DOCKER_TIME.match(value or "")
+    if not match or value.startswith("0001-"):
+        return None
+    seconds, fraction, zone = match.groups()
+    zone = "+00:00" if zone in (None, "Z") else zone
+    return datetime.fromisoformat(seconds + (fraction or "")[:7] + zone)
+
+
+def _uptime_seconds(docker: Docker, now: datetime) -> float | None:
+    started = _parse_time(docker.started_at)
+    if docker.state != "running" or started is None:
+        return None
+    return max(0.0, (now - started).total_seconds())
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+def inspect_node(transport: Transport, node: str, names: list[str],
+                 timeout: float) -> dict[str, Docker]:
+    """`docker inspect` of this node's containers in one command; a missing one is "absent"."""
+    command = shlex.join(["docker", "inspect", "--type", "container", *names])
+    try:
+        result = transport.run(node, command, timeout=timeout)
+    except RemoteError as error:
+        return {name: Docker("unknown", error=str(error)) for name in names}
+    try:
+        found = json.loads(result.out or "[]")
+    except json.JSONDecodeError:
+        found = []
+    by_name = {item.get("Name", "").lstrip("/"): item for item in found}
+    answers = {}
+    for name in names:
+        item = by_name.get(name)
+        if item is None:
+            if result.status != 0 and "No such" not in result.err:
+                # docker itself failed (daemon down): not the same as a removed container
+                answers[name] = Docker("unknown", error="docker: " + result.err.strip()[:200])
+            else:
+                answers[name] = Docker("absent")
+            continue
+        state = item.get("State") or {}
+        labels = (item.get("Config") or {}).get("Labels") or {}
+        answers[name] = Docker(state.get("Status", "unknown"), state.get("ExitCode"),
+                               state.get("StartedAt"), state.get("FinishedAt"),
+                               labels.get(GENERATION_LABEL))
+    return answers
+
+
+def _problems(row: Row, expected_generation: int | None) -> list[str]:
+    problems = []
+    docker = row.docker
+    if docker.state == "unknown":
+        problems.append(docker.error or "docker state unknown")
+    elif docker.state == "absent":
+        problems.append("container absent")
+    elif docker.state != "running":
+        problems.append(f"{docker.state} (exit {docker.exit_code})")
+    if (docker.generation is not None and expected_generation is not None
+            and docker.generation != str(expected_generation)):
+        problems.append(f"generation {docker.generation}, stack has {expected_generation} "
+                        "(pulumi up pending)")
+    if not row.health.ok:
+        problems.append(f"health {row.health.summary()}")
+    return problems
+
+
+def collect(topology: Topology, transport: Transport, prober: Prober, timeout: float,
+            generate_timeout: float) -> Report:
+    now = datetime.now(timezone.utc)
+    if not topology.serving or not topology.containers:
+        reason = ("serving is false: no container is meant to run" if not topology.serving
+                  else "the stack has no `containers` output (never deployed?)")
+        return Report(topology.stack, now, topology.serving, [], None, DOWN, "down", [reason])
+    by_node: dict[str, list[str]] = {}
+    for ref in topology.containers:
+        by_node.setdefault(ref.node, []).append(ref.name)
+    pool = ThreadPoolExecutor(max_workers=min(64, 2 * len(topology.containers) + 2),
+                              thread_name_prefix="kimipd-probe")
+    try:
+        inspections: dict[str, Future] = {
+            node: pool.submit(inspect_node, transport, node, names, timeout)
+            for node, names in by_node.items()}
+        health: dict[str, Future] = {
+            ref.role: pool.submit(prober.get, ref.health_url, ref.node)
+            for ref in topology.containers}
+        path: Future | None = None
+        if topology.generate_url:
+            router = topology.router
+            node = router.node if router else topology.containers[-1].node
+            path = pool.submit(prober.request, "POST", topology.generate_url, node,
+                               PATH_PROBE_BODY, generate_timeout)
+        # A probe is bounded by its timeout (direct, then over SSH: connect + command); this is
+        # the backstop for one that is not.
+        everything = [*inspections.values(), *health.values(), *([path] if path else [])]
+        wait(everything, timeout=max(3 * timeout, generate_timeout) + 10)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+    def result(future: Future | None, fallback: Any) -> Any:
+        return future.result() if future is not None and future.done() else fallback
+
+    rows = []
+    for ref in topology.containers:
+        dockers = result(inspections[ref.node], {})
+        docker = dockers.get(ref.name) or Docker("unknown", error="docker inspect timed out")
+        answer = result(health[ref.role], HttpAnswer(ref.health_url, "-", error="timed out"))
+        row = Row(ref, docker, answer)
+        row.problems = _problems(row, topology.restart_generation)
+        rows.append(row)
+    path_answer = (result(path, HttpAnswer(topology.generate_url, "-", error="timed out"))
+                   if path is not None else None)
+
+    notes = []
+    if path_answer is None:
+        notes.append("no generateUrl output: the whole path was not probed")
+    unreachable = sorted({row.ref.node for row in rows if row.docker.state == "unknown"})
+    nothing_answered = (len(unreachable) == len(by_node)
+                        and not any(row.health.status is not None for row in rows)
+                        and not (path_answer and path_answer.status is not None))
+    if nothing_answered:
+        exit_code, verdict = DOWN, "unreachable"
+        notes.append("no node answered over SSH and no HTTP probe got an answer")
+    elif all(row.ok for row in rows) and path_answer is not None and path_answer.ok:
+        exit_code, verdict = OK, "serving"
+    else:
+        exit_code, verdict = DEGRADED, "degraded"
+    return Report(topology.stack, now, True, rows, path_answer, exit_code, verdict, notes)
+
+
+# -- rendering -----------------------------------------------------------------------------------
+
+
+def _state_text(docker: Docker) -> Text:
+    if docker.state == "running":
+        return Text("running", style="green")
+    if docker.state in ("exited", "dead"):
+        return Text(f"{docker.state} ({docker.exit_code})", style="red")
+    return Text(docker.state, style="yellow" if docker.state == "unknown" else "red")
+
+
+def _health_text(answer: HttpAnswer) -> Text:
+    if answer.status is None:
+        return Text(answer.error or "no answer", style="red")
+    latency = f" {answer.seconds * 1000:.0f}ms" if answer.seconds is not None else ""
+    return Text(f"{answer.status}{latency}", style="green" if answer.ok else "red")
+
+
+def render(report: Report) -> Group:
+    title = (f"stack {report.stack}: {report.verdict} "
+             f"({report.checked_at.strftime('%Y-%m-%d %H:%M:%S UTC')})")
+    if not report.rows:
+        return Group(Text(title, style="bold red"), *[Text(note) for note in report.notes])
+    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    for column in ("role", "node", "container", "state", "uptime", "gen", "health", "via",
+                   "verdict"):
+        table.add_column(column, no_wrap=column != "verdict")
+    for row in report.rows:
+        table.add_row(
+            row.ref.role, row.ref.node, row.ref.name, _state_text(row.docker),
+            duration(_uptime_seconds(row.docker, report.checked_at)),
+            row.docker.generation or "-", _health_text(row.health), row.health.via,
+            Text("ok", style="green") if row.ok else Text("; ".join(row.problems), style="red"),
+        )
+    lines: list[Any] = [table]
+    if report.path is not None:
+        path = report.path
+        outcome = (f"{path.status} in {path.seconds:.3f}s" if path.status is not None
+                   and path.seconds is not None else path.summary())
+        if path.status not in (None, 200) and path.body:
+            outcome += f": {path.body.strip()[:160]}"
+        lines.append(Text.assemble(
+            ("path ", "bold"), f"POST {path.url} (1 token) via {path.via}: ",
+            (outcome, "green" if path.ok else "red")))
+    healthy = sum(row.ok for row in report.rows)
+    lines.append(Text(f"{healthy}/{len(report.rows)} containers ok; exit {report.exit_code}"))
+    lines += [Text(note, style="yellow") for note in report.notes]
+    return Group(*lines)

@@ -1,0 +1,177 @@
+"""How `kimipd` reads a stack: the pulumi CLI's outputs and config (a fake `pulumi` here), the
+SSH key held in memory, and the wrapper's --help."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from components.config import VerificationSpec, load_cluster_config
+from ops.remote import RemoteError, SshTransport, load_private_key
+from ops.stack import StackError, Topology, config_values, load_stack
+from tests.conftest import REPO, stack_values
+
+
+def openssh_key() -> str:
+    key = Ed25519PrivateKey.generate()
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                             serialization.NoEncryption()).decode()
+
+
+PULUMI_CONFIG = {
+    "kimipd:connection": {"value": "{\"knownHostsFile\":\"/tmp/kh\"}",
+                          "objectValue": {"knownHostsFile": "/tmp/kh"}, "secret": False},
+    # set without --path: JSON text, no objectValue
+    "kimipd:nodes": {"value": "[{\"address\":\"10.0.0.1\",\"sshUser\":\"ops\",\"sshPort\":2222}]",
+                     "secret": False},
+    "kimipd:image": {"value": "registry:5000/sglang:kimi-k3", "secret": False},
+    "kimipd:restartGeneration": {"value": "3", "secret": False},
+    "kimipd:sshPrivateKey": {"secret": True},
+}
+OUTPUTS = {"serving": True, "restartGeneration": 3, "routerUrl": "http://10.0.0.1:31000",
+           "generateUrl": "http://10.0.0.1:31000/generate",
+           "containers": {"router": {"node": "10.0.0.1", "container": "kimipd-router",
+                                     "healthUrl": "http://10.0.0.1:31000/health"}},
+           "groups": {}, "nodes": {"10.0.0.1": {"roles": ["router"]}}}
+
+
+@pytest.fixture
+def fake_pulumi(tmp_path: Path, monkeypatch) -> Path:
+    """A `pulumi` on PATH answering stack output / config / config get, logging its argv and
+    working directory."""
+    key = openssh_key()
+    (tmp_path / "outputs.json").write_text(json.dumps(OUTPUTS))
+    (tmp_path / "config.json").write_text(json.dumps(PULUMI_CONFIG))
+    (tmp_path / "key").write_text(key)
+    script = tmp_path / "bin" / "pulumi"
+    script.parent.mkdir()
+    script.write_text(f"""#!/usr/bin/env bash
+printf '%s|%s\\n' "$PWD" "$*" >> {tmp_path}/calls
+case "$1 $2" in
+  "stack output") cat {tmp_path}/outputs.json ;;
+  "config --json") cat {tmp_path}/config.json ;;
+  "config get") [ "$3" = sshPrivateKey ] && cat {tmp_path}/key ;;
+  "stack --show-name") echo selected ;;
+  *) echo "unexpected: $*" >&2; exit 3 ;;
+esac
+""")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{script.parent}{os.pathsep}{os.environ['PATH']}")
+    return tmp_path
+
+
+def test_reads_outputs_config_and_the_key_through_pulumi(fake_pulumi: Path) -> None:
+    stack = load_stack("pro6000", cwd=fake_pulumi)
+    calls = (fake_pulumi / "calls").read_text().splitlines()
+    assert calls == [f"{fake_pulumi}|stack output --json --show-secrets=false -s pro6000",
+                     f"{fake_pulumi}|config --json -s pro6000",
+                     f"{fake_pulumi}|config get sshPrivateKey -s pro6000"]
+    assert stack.topology.generate_url == "http://10.0.0.1:31000/generate"
+    assert stack.topology.restart_generation == 3
+    access = stack.access
+    assert access.known_hosts_file == "/tmp/kh"
+    node = access.node("10.0.0.1")
+    assert (node.ssh_user, node.ssh_port) == ("ops", 2222)
+    assert access.node("10.0.0.9").ssh_user == "root"  # not in kimipd:nodes: the defaults
+    key = (fake_pulumi / "key").read_text()
+    assert access.private_key == key
+    assert key.strip() not in repr(stack) and "PRIVATE" not in repr(access)
+    assert stack.verification == VerificationSpec()  # no kimipd:verification: the runbook's
+    load_private_key(access.private_key)  # a key paramiko takes, from memory
+
+
+def test_without_a_stack_name_pulumi_picks_the_selected_one(fake_pulumi: Path) -> None:
+    stack = load_stack(None, cwd=fake_pulumi)
+    assert stack.topology.stack == "selected"
+    assert all(" -s " not in call for call in (fake_pulumi / "calls").read_text().splitlines())
+
+
+def test_no_key_secret_means_ssh_agent(fake_pulumi: Path) -> None:
+    config = dict(PULUMI_CONFIG)
+    del config["kimipd:sshPrivateKey"]
+    (fake_pulumi / "config.json").write_text(json.dumps(config))
+    stack = load_stack("sim", cwd=fake_pulumi)
+    assert stack.access.private_key is None
+    assert "config get" not in (fake_pulumi / "calls").read_text()
+
+
+def test_a_failing_pulumi_is_a_stack_error(fake_pulumi: Path) -> None:
+    bin_pulumi = fake_pulumi / "bin" / "pulumi"
+    bin_pulumi.write_text("#!/usr/bin/env bash\necho 'error: no stack named nope' >&2\nexit 255\n")
+    with pytest.raises(StackError, match="no stack named nope"):
+        load_stack("nope", cwd=fake_pulumi)
+
+
+def test_config_values_take_both_shapes() -> None:
+    assert config_values(PULUMI_CONFIG) == {
+        "connection": {"knownHostsFile": "/tmp/kh"},
+        "nodes": [{"address": "10.0.0.1", "sshUser": "ops", "sshPort": 2222}],
+        "image": "registry:5000/sglang:kimi-k3", "restartGeneration": 3}
+    plain = {"kimipd:connection": {"knownHostsFile": "/x"}, "nodes": [{"address": "10.0.0.2"}]}
+    assert config_values(plain) == {"connection": {"knownHostsFile": "/x"},
+                                    "nodes": [{"address": "10.0.0.2"}]}
+
+
+def test_pro6000_carries_the_runbooks_figures() -> None:
+    spec = load_cluster_config(stack_values("pro6000")).verification
+    shapes = {s.name: s for s in spec.baseline}
+    assert [(s.name, s.input_tokens, s.output_tokens) for s in spec.baseline] == [
+        ("warmup", 6, 16), ("medium", 1680, 512), ("long", 5280, 256)]
+    assert shapes["medium"].max_e2e_seconds == 31.4 and shapes["long"].max_e2e_seconds == 13.0
+    assert shapes["long"].min_prefill_tokens_per_second == 112
+    assert shapes["medium"].min_decode_tokens_per_second == 26
+    assert spec.tolerance == 0.1
+    assert [(s.name, s.input_tokens, s.output_tokens) for s in VerificationSpec().baseline] == [
+        ("warmup", 6, 16), ("medium", 1680, 512), ("long", 5280, 256)]
+
+
+def test_topology_is_in_the_runbooks_order() -> None:
+    outputs = {"containers": {role: {"node": "10.0.0.1", "container": f"kimipd-{role}",
+                                     "healthUrl": "http://x/health"}
+                              for role in ("router", "decode-r1", "decode-r0", "prefill-r0",
+                                           "mooncake-master", "prefill-r1")},
+               "groups": {"decode": {"mode": "decode", "nodes": ["a", "b"]},
+                          "prefill": {"mode": "prefill", "nodes": ["c", "d"]}},
+               "serving": True}
+    topology = Topology.from_outputs("s", outputs)
+    assert [c.role for c in topology.containers] == [
+        "mooncake-master", "prefill-r0", "prefill-r1", "decode-r0", "decode-r1", "router"]
+    assert (topology.containers[4].group, topology.containers[4].rank) == ("decode", 1)
+
+
+def test_keys_paramiko_cannot_use_are_refused_by_name() -> None:
+    with pytest.raises(RemoteError, match="not a private key"):
+        load_private_key("not a key")
+    encrypted = Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+        serialization.BestAvailableEncryption(b"secret")).decode()
+    with pytest.raises(RemoteError, match="passphrase-protected"):
+        load_private_key(encrypted)
+
+
+def test_an_unpinned_node_is_refused(tmp_path: Path) -> None:
+    """RejectPolicy: nothing is learnt; a missing known_hosts file is said by name."""
+    from ops.stack import Access
+
+    transport = SshTransport(Access(known_hosts_file=str(tmp_path / "none"), nodes={}),
+                             connect_timeout=1)
+    with pytest.raises(RemoteError, match="does not exist on this machine"):
+        transport.run("127.0.0.1", "true", timeout=1)
+
+
+@pytest.mark.parametrize("command", [[], ["status"], ["logs"], ["verify"]])
+def test_help_on_every_subcommand(command: list[str]) -> None:
+    result = subprocess.run([str(REPO / "scripts" / "kimipd"), *command, "--help"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "usage: kimipd" in result.stdout and "exit codes: 0" in result.stdout
+    assert "--outputs-json" not in result.stdout  # the tests' injection stays hidden
+    if command:
+        assert "-s STACK, --stack STACK" in result.stdout

@@ -1,0 +1,223 @@
+"""`kimipd status` against a PD deployment on loopback (stand-in groups, the real MiniLB), the
+nodes' SSH replaced by a local fake. Tests run in file order; the last one kills a rank."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from ops import DEGRADED, DOWN, OK
+from ops import probe as probe_module
+from ops.cli import main
+from ops.probe import Prober
+from ops.stack import Topology
+from ops.status import collect, render
+from tests.ops.loopback import LocalNodes, LoopbackCluster, start_cluster, stop_cluster
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Iterator[LoopbackCluster]:
+    started = start_cluster(tmp_path_factory.mktemp("ops-status"))
+    yield started
+    stop_cluster(started)
+
+
+def status(cluster: LoopbackCluster, nodes: LocalNodes | None = None, via: str = "auto",
+           timeout: float = 3.0, **outputs):
+    topology = Topology.from_outputs("loopback", cluster.outputs(**outputs))
+    nodes = nodes or LocalNodes(cluster.containers())
+    return collect(topology, nodes, Prober(nodes, timeout, via), timeout, generate_timeout=30)
+
+
+def rows(report) -> dict:
+    return {row.ref.role: row for row in report.rows}
+
+
+def test_all_serving_is_exit_0_with_every_container_in_order(cluster: LoopbackCluster) -> None:
+    report = status(cluster)
+    assert report.exit_code == OK, [(r.ref.role, r.problems) for r in report.rows]
+    assert [row.ref.role for row in report.rows] == [
+        "mooncake-master", "prefill-r0", "prefill-r1", "decode-r0", "decode-r1", "router"]
+    for row in report.rows:
+        assert (row.docker.state, row.docker.generation, row.health.status, row.health.via) == (
+            "running", "0", 200, "direct"), row
+    assert report.path.status == 200 and report.path.via == "direct"
+    assert report.path.url == cluster.router_url + "/generate"
+
+
+def test_table_and_json_through_the_cli(cluster: LoopbackCluster, tmp_path, capsys) -> None:
+    outputs, config = tmp_path / "outputs.json", tmp_path / "config.json"
+    outputs.write_text(json.dumps(cluster.outputs()))
+    config.write_text("{}")
+    nodes = LocalNodes(cluster.containers())
+    argv = ["-s", "loopback", "--outputs-json", str(outputs), "--config-json", str(config)]
+    assert main(argv + ["status"], transport_factory=lambda access: nodes) == OK
+    table = capsys.readouterr().out
+    assert "stack loopback: serving" in table
+    for word in ("role", "node", "container", "state", "uptime", "gen", "health", "via",
+                 "kimipd-decode-r1", "127.0.0.4", "running", "direct"):
+        assert word in table, table
+    assert "POST " + cluster.router_url + "/generate (1 token) via direct: 200 in" in table
+    assert "6/6 containers ok; exit 0" in table
+    # -s after the subcommand, as pulumi takes it
+    assert main(["--outputs-json", str(outputs), "--config-json", str(config), "status",
+                 "-s", "loopback", "--json"], transport_factory=lambda access: nodes) == OK
+    document = json.loads(capsys.readouterr().out)
+    assert document["stack"] == "loopback" and document["exitCode"] == 0
+    assert document["generate"]["status"] == 200
+    decode1 = next(c for c in document["containers"] if c["role"] == "decode-r1")
+    assert decode1 | {"health": None, "uptimeSeconds": None, "startedAt": None} == {
+        "role": "decode-r1", "group": "decode", "rank": 1, "node": "127.0.0.4",
+        "container": "kimipd-decode-r1", "state": "running", "exitCode": 0,
+        "startedAt": None, "uptimeSeconds": None, "restartGeneration": "0",
+        "dockerError": None, "health": None, "ok": True, "problems": []}
+    assert decode1["uptimeSeconds"] >= 0
+    assert decode1["health"]["via"] == "direct" and decode1["health"]["status"] == 200
+
+
+def test_watch_refreshes_until_interrupted(cluster: LoopbackCluster, tmp_path, capsys,
+                                          monkeypatch) -> None:
+    outputs, config = tmp_path / "outputs.json", tmp_path / "config.json"
+    outputs.write_text(json.dumps(cluster.outputs()))
+    config.write_text("{}")
+    rounds = []
+
+    def sleep(seconds: float) -> None:
+        rounds.append(seconds)
+        if len(rounds) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr("ops.cli.time.sleep", sleep)
+    nodes = LocalNodes(cluster.containers())
+    argv = ["-s", "loopback", "--outputs-json", str(outputs), "--config-json", str(config),
+            "status", "--watch", "--interval", "0.5"]
+    assert main(argv + ["--json"], transport_factory=lambda access: nodes) == OK
+    documents = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(documents) == 2 and rounds == [0.5, 0.5]
+    assert all(d["exitCode"] == 0 and len(d["containers"]) == 6 for d in documents)
+    rounds.clear()
+    assert main(argv, transport_factory=lambda access: nodes) == OK  # the live table
+    assert "6/6 containers ok; exit 0" in capsys.readouterr().out
+
+
+def test_via_ssh_probes_with_curl_on_the_node(cluster: LoopbackCluster) -> None:
+    nodes = LocalNodes(cluster.containers())
+    report = status(cluster, nodes, via="ssh")
+    assert report.exit_code == OK, [(r.ref.role, r.problems) for r in report.rows]
+    assert {row.health.via for row in report.rows} == {"ssh"} and report.path.via == "ssh"
+    curls = [(node, command) for node, command in nodes.commands if command.startswith("curl")]
+    assert ("127.0.0.4", next(c for n, c in curls if n == "127.0.0.4")) in curls
+    assert any("--data-binary @-" in command for _, command in curls)  # the /generate body
+
+
+class _Unroutable(httpx.HTTPTransport):
+    """This machine cannot open a connection to BLOCKED (a firewall between the operator and
+    the compute network), everything else goes through."""
+
+    blocked = "127.0.0.4"
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.host == self.blocked:
+            raise httpx.ConnectError("[Errno 113] No route to host", request=request)
+        return super().handle_request(request)
+
+
+def test_auto_falls_back_to_ssh_where_the_port_is_not_reachable(cluster, monkeypatch) -> None:
+    monkeypatch.setattr(probe_module, "direct_client",
+                        lambda timeout: httpx.Client(transport=_Unroutable(), timeout=timeout))
+    report = status(cluster)
+    assert report.exit_code == OK
+    via = {row.ref.role: row.health.via for row in report.rows}
+    assert via.pop("decode-r1") == "ssh"
+    assert set(via.values()) == {"direct"}
+    text = _text(report)
+    assert "decode-r1" in text and " ssh " in text
+
+
+def _text(report) -> str:
+    from rich.console import Console
+
+    console = Console(width=220, record=True, file=open("/dev/null", "w"))
+    console.print(render(report))
+    return console.export_text()
+
+
+def test_a_container_of_another_generation_is_degraded(cluster: LoopbackCluster) -> None:
+    report = status(cluster, restart_generation=1)
+    assert report.exit_code == DEGRADED
+    assert all("generation 0, stack has 1 (pulumi up pending)" in row.problems
+               for row in report.rows)
+
+
+def test_serving_false_or_no_outputs_is_exit_2(cluster: LoopbackCluster, tmp_path, capsys) -> None:
+    assert status(cluster, serving=False).exit_code == DOWN
+    empty = tmp_path / "outputs.json"
+    empty.write_text("{}")
+    config = tmp_path / "config.json"
+    config.write_text("{}")
+    code = main(["-s", "gone", "--outputs-json", str(empty), "--config-json", str(config),
+                 "status"], transport_factory=lambda access: LocalNodes({}))
+    assert code == DOWN
+    assert "stack gone: down" in capsys.readouterr().out
+
+
+def test_nothing_reachable_is_exit_2(cluster: LoopbackCluster) -> None:
+    outputs = cluster.outputs()
+    # every address on a port where nothing listens, every node refusing SSH
+    for entry in outputs["containers"].values():
+        entry["healthUrl"] = "http://127.0.0.9:9/health"
+    outputs["generateUrl"] = "http://127.0.0.9:9/generate"
+    topology = Topology.from_outputs("loopback", outputs)
+    nodes = LocalNodes({}, unreachable=set(topology.nodes))
+    report = collect(topology, nodes, Prober(nodes, 2.0), 2.0, generate_timeout=5)
+    assert (report.exit_code, report.verdict) == (DOWN, "unreachable")
+
+
+def test_a_dead_node_costs_its_own_rows_not_the_table(cluster: LoopbackCluster) -> None:
+    # 127.0.0.4 (decode rank 1) stops answering: SSH hangs, its HTTP port accepts and never replies
+    hung = socket.socket()
+    hung.bind(("127.0.0.4", 0))
+    hung.listen(16)
+    try:
+        outputs = cluster.outputs()
+        outputs["containers"]["decode-r1"]["healthUrl"] = (
+            f"http://127.0.0.4:{hung.getsockname()[1]}/health")
+        topology = Topology.from_outputs("loopback", outputs)
+        nodes = LocalNodes(cluster.containers(), black_holes={"127.0.0.4"})
+        started = time.monotonic()
+        report = collect(topology, nodes, Prober(nodes, 1.0), 1.0, generate_timeout=20)
+        elapsed = time.monotonic() - started
+    finally:
+        hung.close()
+    assert elapsed < 5, f"one dead node held the table for {elapsed:.1f}s"
+    assert report.exit_code == DEGRADED
+    by_role = rows(report)
+    dead = by_role.pop("decode-r1")
+    assert dead.docker.state == "unknown" and "no answer within 1s" in dead.docker.error
+    assert dead.health.status is None and dead.health.error == "timed out"
+    assert all(row.ok for row in by_role.values())
+
+
+def test_a_killed_decode_rank_shows_in_its_row_and_exits_1(cluster: LoopbackCluster) -> None:
+    victim = cluster.decode.procs[1]
+    victim.popen.kill()
+    victim.popen.wait(timeout=10)
+    report = status(cluster)
+    assert report.exit_code == DEGRADED
+    dead = rows(report)["decode-r1"]
+    assert dead.docker.state == "exited" and dead.docker.exit_code == 137
+    assert dead.problems[0] == "exited (exit 137)"
+    assert "health connection refused" in dead.problems
+    # its group broke with it: rank 0 unhealthy, the whole path fails
+    assert rows(report)["decode-r0"].health.status == 503
+    assert not report.path.ok
+    assert rows(report)["prefill-r0"].ok and rows(report)["router"].ok
+    text = _text(report)
+    assert "exited (137)" in text and "degraded" in text
