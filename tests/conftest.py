@@ -22,3 +22,12 @@ def stack_values(stack: str) -> dict[str, Any]:
 def pro6000() -> dict[str, Any]:
     """A fresh, mutable copy of the production stack's values."""
     return copy.deepcopy(stack_values("pro6000"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _simulated_cluster_down_at_the_end():
+    """A session that brought the simulated cluster up takes it down again, once."""
+    yield
+    from tests.integration.sim import stop_sim_at_session_end
+
+    stop_sim_at_session_end()

@@ -73,16 +73,23 @@ class SimCluster:
                            '[ -z "$ids" ] || docker rm -f $ids >/dev/null')
 
 
+# Whether this pytest session brought the sim up: it then brings it down at the end (the
+# session fixture in tests/conftest.py), once, not after every module.
+_session = {"checked": False, "started": False}
+
+
 def start_sim() -> SimCluster:
-    """`sim/sim up` unless it is already up (then it is left up afterwards, as it was found)."""
-    started_here = _sim("status").returncode != 0
-    if started_here:
+    """The sim, up and with a current image (`sim/sim up` is idempotent and rebuilds the image
+    when sim/standin changed); left as it was found when the session ends."""
+    if not _session["checked"]:
+        _session["started"] = _sim("status").returncode != 0
         result = _sim("up")
         assert result.returncode == 0, f"sim/sim up failed:\n{result.stderr[-4000:]}"
+        _session["checked"] = True
     status = _sim("status")
     # Nothing may be sent to 10.231.60.x unless the sim's bridge carries it.
     assert status.returncode == 0, f"the sim is not up:\n{status.stdout}{status.stderr}"
-    return SimCluster(env=sim_exports(), started_here=started_here)
+    return SimCluster(env=sim_exports(), started_here=_session["started"])
 
 
 def restart_sim() -> None:
@@ -92,5 +99,9 @@ def restart_sim() -> None:
 
 
 def stop_sim(cluster: SimCluster) -> None:
-    if cluster.started_here:
+    """Kept for the modules' teardown; the sim goes down once, at the end of the session."""
+
+
+def stop_sim_at_session_end() -> None:
+    if _session["started"]:
         _sim("down")

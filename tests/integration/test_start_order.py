@@ -21,42 +21,20 @@ from pathlib import Path
 import pytest
 from pulumi import automation as auto
 
-from sim.automation import REQUIRED_PLUGINS, Project, engine_env, installed_plugins, sim_exports
+from sim.automation import Project
 from tests.conftest import REPO, stack_values
-from tests.integration.sim import SIM, SimCluster
-from tests.integration.test_up import Events, container_ids, new_stack
+from tests.integration.engine import (  # noqa: F401 - fixtures
+    CONTAINER, NODES, Events, container_ids, env, new_stack, sim)
+from tests.integration.sim import SimCluster
 
 pytestmark = pytest.mark.timeout(1200)
 
-NODES = [f"10.231.60.{i}" for i in range(1, 9)]
 PREFILL, DECODE = NODES[:4], NODES[4:]
 BOOTSTRAP_DELAY = 6
 PREFILL_LOAD = 20
 DECODE_LOAD = 4
 BOOTSTRAP_LINE = "Starting bootstrap server on"
 READY_BANNER = "The server is fired up and ready to roll!"
-CONTAINER = "docker:index/container:Container"
-
-
-@pytest.fixture(scope="module")
-def env() -> dict[str, str]:
-    env = engine_env()
-    missing = REQUIRED_PLUGINS - installed_plugins(env)
-    if missing:
-        pytest.skip("resource plugins not installed: "
-                    + ", ".join(f"{n} {v}" for n, v in sorted(missing)))
-    return env
-
-
-@pytest.fixture(scope="module")
-def sim(env) -> Iterator[SimCluster]:
-    status = subprocess.run([str(SIM), "status"], capture_output=True, text=True, check=False)
-    if status.returncode != 0:
-        pytest.skip(f"the sim is not up (this test never starts it):\n{status.stdout}")
-    cluster = SimCluster(env=sim_exports(), started_here=False)
-    cluster.remove_kimipd_containers(NODES)
-    yield cluster
-    cluster.remove_kimipd_containers(NODES)
 
 
 @pytest.fixture(scope="module")
