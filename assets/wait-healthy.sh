@@ -50,7 +50,9 @@ while true; do
     exit 1
   fi
   if ((elapsed >= timeout)); then
-    echo "${container} on ${node}: not healthy after ${elapsed}s (${url} answered ${code})" >&2
+    verdict="not healthy"
+    [[ -n "${any_status}" ]] && verdict="not answering"
+    echo "${container} on ${node}: ${verdict} after ${elapsed}s (${url} answered ${code})" >&2
     log_tail
     exit 1
   fi

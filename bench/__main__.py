@@ -1,7 +1,7 @@
 """scripts/bench: run the benchmarks, print one table, write it (and the raw figures) as JSON.
 
 B1, B2, B3 and B5 drive the real engine against the simulated cluster, which other engineers'
-tests share: run it under `flock /tmp/kimipd-sim-tests.lock`. B4 needs no sim.
+tests share: run it under `flock -o /tmp/kimipd-sim-tests.lock`. B4 needs no sim.
 """
 
 from __future__ import annotations

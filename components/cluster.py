@@ -29,6 +29,12 @@ class Cluster(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         self.nodes = {node.address: Node(cfg, node, private_key, host_keys[node.address], opts=child)
                       for node in cfg.nodes}
+        if cfg.install_node_files == "image":
+            # Each build starts once every node has its files: the sim's nodes share one file
+            # system, where another node's copy would rewrite a wheel under a running build.
+            every_copy = [node.assets for node in self.nodes.values()]
+            for node in self.nodes.values():
+                node.prepare_image(cfg, node_file_digests, wait_for=every_copy)
         self.outputs: dict[str, object] = {
             "mooncakeMaster": mooncake_master_address(cfg),
             "serving": cfg.serving,
@@ -43,7 +49,8 @@ class Cluster(pulumi.ComponentResource):
                 for group_name, group in cfg.groups.items()
             },
             "nodes": {
-                address: {"roles": cfg.roles_of(address), "imageDigest": node.image_digest}
+                address: {"roles": cfg.roles_of(address), "imageDigest": node.image_digest,
+                          "preparedImage": node.prepared_image_tag}
                 for address, node in self.nodes.items()
             },
             "nodeFiles": dict(sorted(node_file_digests.items())),

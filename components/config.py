@@ -473,6 +473,11 @@ class ClusterConfig(_Model):
     # starts it before the model loads, and decode's start never dials prefill), so the two
     # loads overlap. Either way the router waits for every group's health gate.
     start_order: Literal["sequential", "overlapped"] = "sequential"
+    # Where the node files' wheels and patches are installed. image: once per node during
+    # preparation, into a prepared image every container runs (a failed install or patch, or an
+    # old Mooncake, stops preparation before any container changes; containers start in
+    # seconds). container-start: by launch.sh in every container as it starts (the runbook's way).
+    install_node_files: Literal["image", "container-start"] = "image"
 
     @field_validator("image_mooncake_version", mode="before")
     @classmethod

@@ -24,7 +24,7 @@ def node_container(plan: ContainerPlan, node: Node, *, depends_on: Sequence[pulu
     return docker.Container(
         plan.role,
         name=plan.name,
-        image=node.image_id,
+        image=node.run_image_id,
         command=plan.command,
         envs=env_list(plan.env),
         labels=[docker.ContainerLabelArgs(label=k, value=v) for k, v in plan.labels.items()],

@@ -8,7 +8,15 @@ import pulumi_docker as docker
 
 from .assets import ASSETS_DIR, NodeAssets
 from .config import ClusterConfig, NodeSpec
-from .render import docker_ssh_opts, image_env_check_command, preflight_command
+from .render import (
+    NODE_SCRIPTS,
+    docker_ssh_opts,
+    image_env_check_command,
+    preflight_command,
+    prepare_image_command,
+    prepared_image_id,
+    prepared_image_tag,
+)
 
 
 def ssh_connection(cfg: ClusterConfig, node: NodeSpec, private_key: pulumi.Input[str] | None,
@@ -37,6 +45,7 @@ class Node(pulumi.ComponentResource):
                  opts: pulumi.ResourceOptions | None = None) -> None:
         name = node.resource_name
         super().__init__("kimipd:node:Node", name, None, opts)
+        self.resource_name = name
         child = pulumi.ResourceOptions(parent=self)
         self.address = node.address
         self.connection = ssh_connection(cfg, node, private_key, host_key)
@@ -79,6 +88,27 @@ class Node(pulumi.ComponentResource):
             triggers=[self.image_id],
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.image]),
         )
-        # What a container on this node waits for.
+        # What a container on this node waits for, and the image it runs.
         self.ready: list[pulumi.Resource] = [self.image, self.image_check, self.assets]
+        self.run_image_id = self.image_id
+        self.prepared_image_tag: pulumi.Output[str] | None = None
         self.register_outputs({"imageId": self.image_id, "imageDigest": self.image_digest})
+
+    def prepare_image(self, cfg: ClusterConfig, file_digests: dict[str, str],
+                      wait_for: list[pulumi.Resource]) -> None:
+        """The base image with the node files installed, built on the node once per change of
+        its inputs (the tag is their digest); kept on destroy like the base image."""
+        scripts = {script: (ASSETS_DIR / script).read_text() for script in NODE_SCRIPTS}
+        stack = pulumi.get_stack()
+        self.prepared_image_tag = self.image_id.apply(
+            lambda image_id: prepared_image_tag(cfg, image_id, file_digests, scripts))
+        self.prepared_image = command.remote.Command(
+            f"{self.resource_name}-prepared-image",
+            connection=self.connection,
+            create=pulumi.Output.all(self.image_id, self.prepared_image_tag).apply(
+                lambda args: prepare_image_command(cfg, self.address, args[0], args[1], stack,
+                                                   file_digests)),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[*self.ready, *wait_for]),
+        )
+        self.run_image_id = self.prepared_image.stdout.apply(prepared_image_id)
+        self.ready.append(self.prepared_image)

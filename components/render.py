@@ -7,6 +7,7 @@ SGLang 0.5.19 (`python/sglang/srt/server_args.py`) and sglang-router 0.3.2.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 from dataclasses import dataclass
@@ -21,7 +22,9 @@ LAUNCH_SCRIPT = f"{NODE_ASSET_DIR}/launch.sh"
 WAIT_HEALTHY_SCRIPT = f"{NODE_ASSET_DIR}/wait-healthy.sh"
 SMOKE_TEST_SCRIPT = f"{NODE_ASSET_DIR}/smoke-test.sh"
 # preflight.sh is not among them: it runs from stdin before anything is written to the node.
-NODE_SCRIPTS = ("launch.sh", "mooncake-check.py", "wait-healthy.sh", "smoke-test.sh")
+NODE_SCRIPTS = ("launch.sh", "mooncake-check.py", "wait-healthy.sh", "smoke-test.sh",
+                "prepare-image.sh")
+PREPARE_IMAGE_SCRIPT = f"{NODE_ASSET_DIR}/prepare-image.sh"
 
 MOONCAKE_MASTER = "mooncake-master"
 ROUTER = "router"
@@ -71,14 +74,10 @@ def sglang_launch_args(cfg: ClusterConfig, group_name: str, rank: int) -> list[s
     return args + list(group.extra_args)
 
 
-def launch_wrapper(cfg: ClusterConfig, *, mooncake_only: bool = False) -> list[str]:
-    """assets/launch.sh: install the node files' wheels (the Mooncake one in place of the
-    image's), apply the patches, prove the Mooncake that Python imports, then exec.
-
-    mooncake_only (the master): just the Mooncake wheel; the model patch and flash_kda are the
-    servers' business, and a failed patch must not take the metadata service down with it.
-    """
-    args = ["bash", LAUNCH_SCRIPT]
+def node_file_install_args(cfg: ClusterConfig, *, mooncake_only: bool = False) -> list[str]:
+    """launch.sh's options: the node files' wheels (the Mooncake one in place of the image's),
+    the patches, and the Mooncake release Python must then import."""
+    args = []
     for node_file in cfg.node_files:
         if node_file.is_wheel and node_file.file_name.startswith(MOONCAKE_WHEEL_PREFIX):
             args += ["--mooncake-wheel", node_file.destination]
@@ -87,7 +86,20 @@ def launch_wrapper(cfg: ClusterConfig, *, mooncake_only: bool = False) -> list[s
     for node_file in cfg.node_files:
         if node_file.is_patch and not mooncake_only:
             args += ["--patch", node_file.destination]
-    return args + ["--require-mooncake", versions.MOONCAKE_MIN, "--"]
+    return args + ["--require-mooncake", versions.MOONCAKE_MIN]
+
+
+def launch_wrapper(cfg: ClusterConfig, *, mooncake_only: bool = False) -> list[str]:
+    """assets/launch.sh in front of every server (it execs it, and resolves the master's binary).
+
+    installNodeFiles `image`: the node's prepared image already holds the wheels and patches,
+    proven when it was built, so launch.sh only execs. `container-start`: launch.sh installs
+    them in every container as it starts. mooncake_only (the master): just the Mooncake wheel; a
+    failed patch must not take the metadata service down with it.
+    """
+    if cfg.install_node_files == "image":
+        return ["bash", LAUNCH_SCRIPT, "--"]
+    return ["bash", LAUNCH_SCRIPT, *node_file_install_args(cfg, mooncake_only=mooncake_only), "--"]
 
 
 def sglang_command(cfg: ClusterConfig, group_name: str, rank: int) -> list[str]:
@@ -247,6 +259,11 @@ def bootstrap_url(group: GroupSpec) -> str:
     return f"http://{group.rank0}:{group.bootstrap_port}/health"
 
 
+# The bootstrap gate's poll: decode's whole start waits on it, and each poll is one local HTTP
+# connect and one `docker inspect` on the node, so it polls faster than gates.intervalSeconds.
+BOOTSTRAP_POLL_SECONDS = "0.5"
+
+
 def wait_bootstrap_command(cfg: ClusterConfig, group_name: str) -> str:
     """The bootstrap gate of a prefill group, polled on rank 0's node: any HTTP answer passes.
 
@@ -262,7 +279,7 @@ def wait_bootstrap_command(cfg: ClusterConfig, group_name: str) -> str:
         "--container", container_name(role),
         "--node", group.rank0,
         "--timeout", str(cfg.gates.timeout_seconds),
-        "--interval", str(cfg.gates.interval_seconds),
+        "--interval", BOOTSTRAP_POLL_SECONDS,
     ])
 
 
@@ -296,6 +313,43 @@ def image_env_check_command(cfg: ClusterConfig, address: str, image: str, script
         "--overridden", ",".join(variables_set_in_every_container(cfg)),
     ]
     return f"{_shell(argv)} <<'KIMIPD_IMAGE_CHECK'\n{script}KIMIPD_IMAGE_CHECK"
+
+
+PREPARED_IMAGE_REPOSITORY = "kimipd/prepared"
+
+
+def prepared_image_tag(cfg: ClusterConfig, base_image_id: str, file_digests: dict[str, str],
+                       scripts: dict[str, str]) -> str:
+    """A tag that names every input of the prepared image: a changed wheel, patch, script or base
+    image is a new tag (so a new build and new containers); the same inputs reuse the image."""
+    inputs = {
+        "base": base_image_id,
+        "install": node_file_install_args(cfg),
+        "files": {f.destination: file_digests[f.destination] for f in cfg.node_files},
+        "scripts": {name: hashlib.sha256(text.encode()).hexdigest()
+                    for name, text in sorted(scripts.items())},
+    }
+    digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+    return f"{PREPARED_IMAGE_REPOSITORY}:{digest[:20]}"
+
+
+def prepare_image_command(cfg: ClusterConfig, address: str, base_image_id: str, tag: str,
+                          stack: str, file_digests: dict[str, str]) -> str:
+    """assets/prepare-image.sh on the node: build (or reuse) its prepared image from exactly the
+    files whose digests the stack knows (it checks each one it builds from)."""
+    argv = ["bash", PREPARE_IMAGE_SCRIPT, "--node", address, "--base", base_image_id,
+            "--tag", tag, "--stack", stack]
+    for node_file in cfg.node_files:
+        argv += ["--sha256", node_file.destination, file_digests[node_file.destination]]
+    return _shell([*argv, "--", *node_file_install_args(cfg)])
+
+
+def prepared_image_id(stdout: str) -> str:
+    """The image id prepare-image.sh prints last."""
+    lines = stdout.strip().splitlines()
+    if not lines or not lines[-1].startswith("sha256:"):
+        raise ValueError(f"prepare-image.sh printed no image id: {stdout[-500:]!r}")
+    return lines[-1]
 
 
 def prepare_dirs_command(cfg: ClusterConfig) -> str:

@@ -4,7 +4,7 @@ The tool runs as the operator runs it: the wrapper, the pulumi CLI reading the s
 and config (the SSH key from the encrypted secret), paramiko to the nodes' real sshd with the
 pinned host keys, HTTP to the nodes' addresses. The stand-ins run at configured speeds, so
 verify's figures can be checked. Tests run in file order; the last one kills a decode rank.
-Run only under the sim lock: `flock /tmp/kimipd-sim-tests.lock scripts/test tests/integration/test_ops_sim.py`.
+Run only under the sim lock: `flock -o /tmp/kimipd-sim-tests.lock scripts/test tests/integration/test_ops_sim.py`.
 """
 
 from __future__ import annotations

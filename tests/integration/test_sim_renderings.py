@@ -26,6 +26,9 @@ from components.render import (
     ContainerPlan,
     mooncake_master_plan,
     prepare_dirs_command,
+    prepare_image_command,
+    prepared_image_id,
+    prepared_image_tag,
     preflight_command,
     router_plan,
     sglang_rank_plan,
@@ -65,24 +68,40 @@ class Deployment:
     def __init__(self, sim: SimCluster, config: ClusterConfig) -> None:
         self.sim, self.config = sim, config
         self.nodes = [node.address for node in config.nodes]
+        self.run_images: dict[str, str] = {}  # node -> the prepared image's id
+        self.builds: dict[str, object] = {}  # node -> prepare-image.sh's result
 
-    def prepare_nodes(self, nodes: list[str] | None = None) -> None:
-        """What NodeAssets and RemoteImage do: dirs, scripts, node files, the image."""
-        verify_node_file_sources(self.config.node_files, Path.cwd())
+    def prepare_nodes(self, nodes: list[str] | None = None, check_build: bool = True) -> None:
+        """What NodeAssets, RemoteImage and the prepared image do: dirs, scripts, node files,
+        the image, and (installNodeFiles: image) the node's prepared image."""
+        digests = verify_node_file_sources(self.config.node_files, Path.cwd())
         files = {f"{NODE_ASSET_DIR}/{s}": ASSETS_DIR / s for s in NODE_SCRIPTS}
         files |= {f.destination: Path(f.source).expanduser() for f in self.config.node_files}
+        scripts = {s: (ASSETS_DIR / s).read_text() for s in NODE_SCRIPTS}
         for node in nodes or self.nodes:
             self.check(node, self.sim.ssh(node, prepare_dirs_command(self.config)), "dirs")
             for destination, source in files.items():
                 self.check(node, self.sim.copy(node, source, destination), f"copy {destination}")
             self.check(node, self.sim.docker(node, "pull", "--quiet", self.sim.image), "pull")
+            if self.config.install_node_files != "image":
+                continue
+            base = self.sim.docker(node, "image", "inspect", "--format", "{{.Id}}",
+                                   self.sim.image).stdout.strip()
+            tag = prepared_image_tag(self.config, base, digests, scripts)
+            build = self.sim.ssh(node, prepare_image_command(
+                self.config, node, base, tag, "sim-renderings", digests))
+            self.builds[node] = build
+            if check_build:
+                self.check(node, build, "prepared image")
+                self.run_images[node] = prepared_image_id(build.stdout)
 
     @staticmethod
     def check(node: str, result, what: str) -> None:
         assert result.returncode == 0, f"{what} on {node} failed:\n{result.stdout}\n{result.stderr}"
 
     def start(self, plan: ContainerPlan) -> None:
-        result = self.sim.ssh(plan.node, shlex.join(docker_run_argv(plan, self.sim.image)))
+        image = self.run_images.get(plan.node, self.sim.image)
+        result = self.sim.ssh(plan.node, shlex.join(docker_run_argv(plan, image)))
         self.check(plan.node, result, f"docker run {plan.role}")
 
     def gate(self, plan: ContainerPlan):
@@ -126,6 +145,9 @@ def sim_config(sim: SimCluster, **changes) -> ClusterConfig:
 def deployed(sim: SimCluster) -> Iterator[tuple[Deployment, dict]]:
     deployment = Deployment(sim, sim_config(sim))
     sim.remove_kimipd_containers(deployment.nodes)
+    for node in deployment.nodes:  # so that every node builds its prepared image here
+        sim.ssh(node, "docker image ls --quiet --filter label=kimipd.prepared=1 "
+                      "| xargs --no-run-if-empty docker rmi --force >/dev/null")
     deployment.prepare_nodes()
     master = mooncake_master_plan(deployment.config)
     deployment.start(master)
@@ -188,12 +210,24 @@ def test_each_rank_ran_its_rendered_command(deployed) -> None:
         assert json.loads(command) == plan.command, plan.role
         assert status.strip() == "running", f"{plan.role} on {plan.node} is {status.strip()}"
         logs = deployment.logs(plan)
-        assert "launch.sh: installing" in logs and "patch_k3_sm120 (sim): applied" in logs, plan.role
-        # The image's 0.3.11.post1 (another distribution) is gone; the wheel's release is proven.
-        assert "uninstalling mooncake-transfer-engine (the image's Mooncake)" in logs, plan.role
-        assert ("Mooncake 0.3.13.post1 (mooncake-transfer-engine-non-cuda)" in logs
-                and "ok (>= 0.3.12.post1)" in logs), plan.role
+        # The node files went into the prepared image; the container only execs its server.
+        assert "launch.sh: installing" not in logs and "launch.sh: exec python3" in logs, plan.role
         assert "flags parsed by the real SGLang 0.5.19 parser" in logs, plan.role
+
+
+def test_each_prepared_image_installed_the_node_files_and_proved_mooncake(deployed) -> None:
+    deployment, _ = deployed
+    assert set(deployment.builds) == set(deployment.nodes)
+    for node, build in deployment.builds.items():
+        log = build.stderr
+        assert "launch.sh: installing" in log and "patch_k3_sm120 (sim): applied" in log, node
+        # The image's 0.3.11.post1 (another distribution) is gone; the wheel's release is proven.
+        assert "uninstalling mooncake-transfer-engine (the image's Mooncake)" in log, node
+        assert ("Mooncake 0.3.13.post1 (mooncake-transfer-engine-non-cuda)" in log
+                and "ok (>= 0.3.12.post1)" in log), node
+        assert deployment.sim.docker(node, "image", "inspect", "--format",
+                                     "{{index .Config.Labels \"kimipd.stack\"}}",
+                                     deployment.run_images[node]).stdout.strip() == "sim-renderings"
 
 
 def test_every_rank_serves_its_health_port(deployed) -> None:
@@ -213,7 +247,27 @@ def test_mooncake_master_is_the_real_one_and_pid_1(deployed) -> None:
         "/opt/venv/lib/python3.11/site-packages/mooncake/mooncake_master --rpc_port 50051 "
         "--rpc_address 10.231.60.1"), pid1.stdout + pid1.stderr
     logs = deployment.logs(master)
-    assert "patch_k3_sm120" not in logs and "flash_kda" not in logs  # only the Mooncake wheel
+    assert "launch.sh: installing" not in logs  # the prepared image has it already
+
+
+def test_installing_at_container_start_gives_the_master_only_the_mooncake_wheel(
+        sim: SimCluster) -> None:
+    values = copy.deepcopy(stack_values("sim"))
+    values |= {"image": sim.image, "installNodeFiles": "container-start"}
+    deployment = Deployment(sim, load_cluster_config(values))
+    master = mooncake_master_plan(deployment.config)
+    sim.remove_kimipd_containers([master.node])
+    try:
+        deployment.prepare_nodes([master.node])
+        assert not deployment.builds  # nothing built: launch.sh installs at start
+        deployment.start(master)
+        gate = deployment.gate(master)
+        assert gate.returncode == 0, gate.stderr
+        logs = deployment.logs(master)
+        assert "launch.sh: installing" in logs and "ok (>= 0.3.12.post1)" in logs
+        assert "patch_k3_sm120" not in logs and "flash_kda" not in logs  # only the Mooncake wheel
+    finally:
+        sim.remove_kimipd_containers([master.node])
 
 
 def test_the_launch_check_refuses_the_images_old_mooncake(sim: SimCluster) -> None:
@@ -223,6 +277,7 @@ def test_the_launch_check_refuses_the_images_old_mooncake(sim: SimCluster) -> No
     values["image"] = sim.image
     values["nodeFiles"] = [f for f in values["nodeFiles"] if "mooncake" not in f["destination"]]
     values["imageMooncakeVersion"] = "0.3.12.post1"
+    values["installNodeFiles"] = "container-start"
     deployment = Deployment(sim, load_cluster_config(values))
     plan = sglang_rank_plan(deployment.config, "decode", 1)
     sim.remove_kimipd_containers([plan.node])
@@ -236,6 +291,26 @@ def test_the_launch_check_refuses_the_images_old_mooncake(sim: SimCluster) -> No
                 and "runbook rule 3: Mooncake >= 0.3.12.post1" in gate.stderr), gate.stderr
     finally:
         sim.remove_kimipd_containers([plan.node])
+
+
+def test_the_prepared_image_refuses_the_images_old_mooncake_before_anything_starts(
+        sim: SimCluster) -> None:
+    """The same mistake with installNodeFiles: image: node preparation fails, naming the
+    release, and no image is tagged (so no container could run it)."""
+    values = copy.deepcopy(stack_values("sim"))
+    values["image"] = sim.image
+    values["nodeFiles"] = [f for f in values["nodeFiles"] if "mooncake" not in f["destination"]]
+    values["imageMooncakeVersion"] = "0.3.12.post1"
+    deployment = Deployment(sim, load_cluster_config(values))
+    node = "10.231.60.6"
+    deployment.prepare_nodes([node], check_build=False)
+    build = deployment.builds[node]
+    assert build.returncode == 1
+    assert (f"prepared image on node {node}: building kimipd/prepared:" in build.stderr
+            and "Python imports Mooncake 0.3.11.post1 (mooncake-transfer-engine" in build.stderr
+            and "runbook rule 3: Mooncake >= 0.3.12.post1" in build.stderr), build.stderr
+    tag = build.stderr.split("building ", 1)[1].split(" ", 1)[0]
+    assert sim.docker(node, "image", "inspect", tag).returncode != 0
 
 
 def test_a_prefill_rank_dying_while_loading_fails_its_gate_with_its_log(sim: SimCluster) -> None:

@@ -6,7 +6,7 @@ the nodes' own docker records (`.Created`, `docker logs --timestamps`; one clock
 share the machine's). The sim image may predate the delay knob, so the stacks ship the working
 tree's stand-in as a node-file wheel, which assets/launch.sh installs in every rank before it
 starts. Needs the sim up (never started or stopped here) and the provider plugins; run it under
-`flock /tmp/kimipd-sim-tests.lock`.
+`flock -o /tmp/kimipd-sim-tests.lock`.
 """
 
 from __future__ import annotations

@@ -85,6 +85,10 @@ class ClusterMocks(pulumi.runtime.Mocks):
             state |= {"imageId": f"sha256:{digest}", "repoDigest": f"{args.inputs['name']}@sha256:{digest}"}
         if args.typ == "command:remote:Command" and args.name == "smoke-test-generate":
             state["stdout"] = json.dumps({"text": " from the decode server", "meta_info": {}})
+        if args.typ == "command:remote:Command" and args.name.endswith("-prepared-image"):
+            # What prepare-image.sh prints last: the id of an image named by its inputs.
+            digest = hashlib.sha256(args.inputs["create"].encode()).hexdigest()
+            state["stdout"] = f"building\nsha256:{digest}"
         return f"{args.name}-id", state
 
     def call(self, args: pulumi.runtime.MockCallArgs):

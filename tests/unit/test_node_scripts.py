@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import http.server
 import os
 import shutil
@@ -361,3 +362,47 @@ def test_busy_gpus_fail_preflight_unless_this_stacks_ranks_hold_them(tmp_path: P
     result = preflight("--gpus", "8", "--node", "127.0.0.1", tools=tools)
     assert result.returncode == 0, result.stderr
     assert "gpus: ok (8 GPUs in use by this stack's kimipd-* containers)" in result.stdout
+
+
+# -- prepare-image.sh -----------------------------------------------------------------------------
+
+
+def _prepare_image(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """prepare-image.sh with a docker that knows no image and records what it is asked to build."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    docker = bin_dir / "docker"
+    docker.write_text('#!/bin/sh\necho "$@" >> "$(dirname "$0")/calls"\n'
+                      'case "$1" in image) exit 1 ;; build) exit 0 ;; esac\n')
+    docker.chmod(0o755)
+    return subprocess.run(["bash", str(REPO / "assets" / "prepare-image.sh"), *args],
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+
+
+def test_prepare_image_refuses_a_node_file_that_differs_from_the_stacks_digest(
+        tmp_path: Path) -> None:
+    wheel = tmp_path / "flash_kda-0.0.1-py3-none-any.whl"
+    wheel.write_bytes(b"rewritten on the node")
+    result = _prepare_image(tmp_path, "--node", "174.1.60.3", "--base", "sha256:" + "b" * 64,
+                            "--tag", "kimipd/prepared:abc", "--stack", "pro6000",
+                            "--sha256", str(wheel), "0" * 64, "--", "--wheel", str(wheel),
+                            "--require-mooncake", "0.3.12.post1")
+    assert result.returncode == 1
+    assert (f"prepared image on node 174.1.60.3: {wheel} has sha256 " in result.stderr
+            and f"the stack copied {'0' * 64}" in result.stderr), result.stderr
+    assert "build" not in (tmp_path / "bin" / "calls").read_text()
+
+
+def test_prepare_image_builds_from_the_checked_copies_without_network(tmp_path: Path) -> None:
+    wheel = tmp_path / "flash_kda-0.0.1-py3-none-any.whl"
+    wheel.write_bytes(b"a wheel")
+    digest = hashlib.sha256(b"a wheel").hexdigest()
+    result = _prepare_image(tmp_path, "--node", "174.1.60.3", "--base", "sha256:" + "b" * 64,
+                            "--tag", "kimipd/prepared:abc", "--stack", "pro6000",
+                            "--sha256", str(wheel), digest, "--", "--wheel", str(wheel),
+                            "--require-mooncake", "0.3.12.post1")
+    # The fake docker built nothing, so the final inspect fails; the build call is what counts.
+    calls = (tmp_path / "bin" / "calls").read_text()
+    assert "build --network none --tag kimipd/prepared:abc" in calls, result.stderr
+    assert "building kimipd/prepared:abc on 174.1.60.3" in result.stderr

@@ -21,7 +21,10 @@ from components.render import (
     wait_healthy_command,
 )
 
-WRAPPER = [
+# installNodeFiles: image (the default): the prepared image holds the node files already.
+WRAPPER = ["bash", "/opt/kimipd/launch.sh", "--"]
+# installNodeFiles: container-start: launch.sh installs them as the container starts.
+INSTALL_AT_START = [
     "bash", "/opt/kimipd/launch.sh",
     "--wheel", "/tmp/flash_kda-0.0.1-cp312-cp312-linux_x86_64.whl",
     "--mooncake-wheel", "/data/flashkda_deploy/wheels/"
@@ -91,8 +94,23 @@ def test_group_env_and_gid_index_reach_the_rank(pro6000: dict) -> None:
     assert "PYTORCH_CUDA_ALLOC_CONF" not in env
 
 
+def test_installing_at_container_start_puts_every_node_file_in_the_argv(pro6000: dict) -> None:
+    pro6000["installNodeFiles"] = "container-start"
+    config = load_cluster_config(pro6000)
+    assert sglang_command(config, "decode", 2)[:len(INSTALL_AT_START) + 3] == [
+        *INSTALL_AT_START, "python3", "-m", "sglang.launch_server"]
+
+
 def test_mooncake_master_argv(pro6000: dict) -> None:
-    """Only the Mooncake wheel (no patch, no flash_kda); launch.sh execs the binary itself."""
+    """launch.sh execs the wheel's binary itself (PID 1), from the node's prepared image."""
+    assert mooncake_master_command(load_cluster_config(pro6000)) == [
+        *WRAPPER, "mooncake_master", "--rpc_port", "50051", "--rpc_address", "174.1.60.1",
+        "--metrics_port", "9003"]
+
+
+def test_mooncake_master_installing_at_start_gets_only_the_mooncake_wheel(pro6000: dict) -> None:
+    """No patch, no flash_kda: a failed patch must not take the metadata service down."""
+    pro6000["installNodeFiles"] = "container-start"
     assert mooncake_master_command(load_cluster_config(pro6000)) == [
         "bash", "/opt/kimipd/launch.sh",
         "--mooncake-wheel", "/data/flashkda_deploy/wheels/"
@@ -270,7 +288,7 @@ def test_bootstrap_gate_line(pro6000: dict) -> None:
     assert argv == ["bash", "/opt/kimipd/wait-healthy.sh", "--url",
                     "http://174.1.60.1:8998/health", "--any-status",
                     "--container", "kimipd-prefill-r0", "--node", "174.1.60.1",
-                    "--timeout", "1800", "--interval", "10"]
+                    "--timeout", "1800", "--interval", "0.5"]
 
 
 def test_start_order_defaults_to_sequential_and_refuses_other_words(pro6000: dict) -> None:
@@ -321,7 +339,21 @@ def test_any_status_passes_on_any_http_answer(answering_404: str, tmp_path) -> N
     # Without the option a 404 is not ready.
     result = _wait_healthy(tmp_path, "running (exit code 0)", "--url", answering_404,
                            "--container", "kimipd-prefill-r0", "--timeout", "1", "--interval", "1")
-    assert result.returncode == 1 and "answered 404" in result.stderr
+    assert result.returncode == 1 and "not healthy after" in result.stderr
+    assert "answered 404" in result.stderr
+
+
+def test_a_bootstrap_port_that_never_opens_is_not_answering(tmp_path) -> None:
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    result = _wait_healthy(tmp_path, "running (exit code 0)", "--url",
+                           f"http://127.0.0.1:{port}/health", "--any-status",
+                           "--container", "kimipd-prefill-r0", "--node", "174.1.60.1",
+                           "--timeout", "1", "--interval", "0.5")
+    assert result.returncode == 1
+    assert ("kimipd-prefill-r0 on 174.1.60.1: not answering after 1s" in result.stderr
+            and "answered 000" in result.stderr), result.stderr
 
 
 def test_any_status_still_fails_at_once_when_the_container_stops(tmp_path) -> None:
@@ -335,3 +367,56 @@ def test_any_status_still_fails_at_once_when_the_container_stops(tmp_path) -> No
     assert result.returncode == 1
     assert "kimipd-prefill-r0 on 174.1.60.1: not running: exited (exit code 1)" in result.stderr
     assert "  | bootstrap server never started" in result.stderr
+
+
+# -- the prepared image --------------------------------------------------------------------------
+
+BASE = "sha256:" + "b" * 64
+SCRIPTS = {"launch.sh": "#!/bin/bash\n", "prepare-image.sh": "#!/bin/bash\n"}
+
+
+def _digests(config) -> dict[str, str]:
+    return {f.destination: "0" * 64 for f in config.node_files}
+
+
+def test_prepared_image_tag_names_every_input(pro6000: dict) -> None:
+    from components.render import prepared_image_tag
+
+    config = load_cluster_config(pro6000)
+    digests = _digests(config)
+    tag = prepared_image_tag(config, BASE, digests, SCRIPTS)
+    assert tag.startswith("kimipd/prepared:") and tag == prepared_image_tag(
+        config, BASE, dict(digests), dict(SCRIPTS))
+    a_wheel = next(f.destination for f in config.node_files if f.is_wheel)
+    changed = [
+        prepared_image_tag(config, "sha256:" + "c" * 64, digests, SCRIPTS),
+        prepared_image_tag(config, BASE, digests | {a_wheel: "1" * 64}, SCRIPTS),
+        prepared_image_tag(config, BASE, digests, SCRIPTS | {"launch.sh": "#!/bin/sh\n"}),
+    ]
+    pro6000["nodeFiles"] = [f for f in pro6000["nodeFiles"] if "patch" not in f["destination"]]
+    fewer_files = load_cluster_config(pro6000)
+    changed.append(prepared_image_tag(fewer_files, BASE, _digests(fewer_files), SCRIPTS))
+    assert len({tag, *changed}) == 5
+
+
+def test_prepare_image_command_installs_what_launch_sh_would_at_start(pro6000: dict) -> None:
+    from components.render import prepare_image_command
+
+    config = load_cluster_config(pro6000)
+    digests = {f.destination: str(i) * 64 for i, f in enumerate(config.node_files)}
+    argv = shlex.split(prepare_image_command(config, "174.1.60.3", BASE, "kimipd/prepared:abc",
+                                             "pro6000", digests))
+    checks = [arg for f in config.node_files for arg in ("--sha256", f.destination,
+                                                         digests[f.destination])]
+    assert argv == [
+        "bash", "/opt/kimipd/prepare-image.sh", "--node", "174.1.60.3", "--base", BASE,
+        "--tag", "kimipd/prepared:abc", "--stack", "pro6000", *checks, "--",
+        *INSTALL_AT_START[2:-1]]
+
+
+def test_prepared_image_id_is_the_last_line_or_an_error() -> None:
+    from components.render import prepared_image_id
+
+    assert prepared_image_id("Step 1/4\nok\nsha256:" + "a" * 64 + "\n") == "sha256:" + "a" * 64
+    with pytest.raises(ValueError, match="printed no image id"):
+        prepared_image_id("Step 1/4 : FROM x\n")

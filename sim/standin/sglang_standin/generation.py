@@ -74,6 +74,32 @@ def token_due(st: "Standin", first_token_at: float, index: int) -> float:
     return first_token_at + (index / rate if rate > 0 else 0.0)
 
 
+class Seq:
+    """One sequence's share of /metrics (SGLang counts each sequence of a batch as a request):
+    running from when it starts until it ends; its time to first token, from the request's
+    arrival; its prompt and generated tokens once it finishes. It ends exactly once."""
+
+    def __init__(self, st: "Standin", arrived: float, streaming: bool):
+        self.st, self.arrived, self.streaming = st, arrived, streaming
+        self.ended = False
+        st.seq_started()
+
+    def first_token(self, at: float) -> None:
+        self.st.seq_first_token(at - self.arrived, self.streaming)
+
+    def finish(self, meta: Dict[str, Any], generated: Optional[int] = None) -> None:
+        if not self.ended:
+            self.ended = True
+            n = meta["completion_tokens"] if generated is None else generated
+            self.st.seq_ended(self.streaming, meta["prompt_tokens"], n)
+
+    def abort(self) -> None:
+        """Stops running without being counted as served (an error, a client gone)."""
+        if not self.ended:
+            self.ended = True
+            self.st.seq_ended(self.streaming)
+
+
 def _sleep_until(when: float) -> None:
     delay = when - time.monotonic()
     if delay > 0:
@@ -89,6 +115,7 @@ def run_one(
     bport: Any,
     broom: Any,
     pace: bool = True,
+    seq: Optional[Seq] = None,
 ) -> Dict[str, Any]:
     """One sequence.  Returns {"text", "meta_info"}; raises RequestError.
 
@@ -96,6 +123,7 @@ def run_one(
     MAX_GEN_WORDS), which is what `ignore_eos: true` guarantees on SGLang. With `pace`, a decode
     (or null) answer returns when its last token is due; without it the caller paces the tokens
     (streaming) from the moment this returns, which is when the first token exists.
+    `seq` is told when the first token exists; the caller finishes or aborts it.
     """
     prompt = text if text is not None else " ".join(str(t) for t in (input_ids or []))
     prompt_tokens = count_tokens(text, input_ids)
@@ -106,6 +134,8 @@ def run_one(
         first_token_at = time.monotonic()
         out = generate_words(prompt, max_new_tokens)
         n = len(out.split()) if out else 0
+        if seq is not None and n:
+            seq.first_token(first_token_at)
         meta.update(completion_tokens=n, finish_reason={"type": "length", "length": n})
         if pace and n:
             _sleep_until(token_due(st, first_token_at, n - 1))
@@ -146,6 +176,8 @@ def run_one(
         if computing:
             time.sleep(computing)
             st.kv.mark_ready(broom)
+        if seq is not None:  # prefill's one token (SGLang's prefill server answers with it)
+            seq.first_token(time.monotonic())
         meta.update(
             completion_tokens=1,
             finish_reason={"type": "length", "length": 1},
@@ -183,6 +215,8 @@ def run_one(
         kv_prompt = " ".join(str(t) for t in (kv.get("input_ids") or []))
     out = generate_words(kv_prompt, max_new_tokens)
     n = len(out.split()) if out else 0
+    if seq is not None and n:
+        seq.first_token(first_token_at)
     meta.update(
         completion_tokens=n,
         finish_reason={"type": "length", "length": n},
@@ -193,30 +227,50 @@ def run_one(
     return {"text": out, "meta_info": meta}
 
 
-def generate(st: "Standin", req: Dict[str, Any]) -> Any:
-    """POST /generate (single or batch)."""
-    results, batch = _generate(st, req, pace=True)
+def generate(st: "Standin", req: Dict[str, Any], arrived: Optional[float] = None) -> Any:
+    """POST /generate (single or batch). `arrived`: when the request came (time.monotonic())."""
+    results, batch, _ = _generate(st, req, pace=True, arrived=arrived, streaming=False)
     return results if batch else results[0]
 
 
-def generate_stream(st: "Standin", req: Dict[str, Any]) -> Iterator[Dict[str, Any]]:
+class EventStream:
+    """The events of a streamed /generate. Iterate it, then close() it whatever happened: a
+    sequence is counted as served when its last event has been handed over; close() stops the
+    ones that never got there (the client went away)."""
+
+    def __init__(self, events: Iterator[Dict[str, Any]], seqs: List[Seq]):
+        self._events, self._seqs = events, seqs
+
+    def __iter__(self) -> Iterator[Dict[str, Any]]:
+        return self._events
+
+    def close(self) -> None:
+        self._events.close()  # type: ignore[attr-defined]
+        for seq in self._seqs:
+            seq.abort()
+
+
+def generate_stream(st: "Standin", req: Dict[str, Any],
+                    arrived: Optional[float] = None) -> EventStream:
     """POST /generate with `"stream": true`, chunked as SGLang does: one event per output token
     with the cumulative `text` and `meta_info` (completion_tokens so far, finish_reason on the
     last), `index` naming the sequence of a batch. Prefill and the KV fetch happen before this
     returns, so their failures are HTTP errors, not events."""
-    results, _ = _generate(st, req, pace=False)
+    results, _, seqs = _generate(st, req, pace=False, arrived=arrived, streaming=True)
     first_token_at = time.monotonic()
 
     def events() -> Iterator[Dict[str, Any]]:
         if st.mode == "prefill":
-            for res in results:
+            for seq, res in zip(seqs, results):
                 yield res
+                seq.finish(res["meta_info"])
             return
         words = [res["text"].split() for res in results]
         longest = max((len(w) for w in words), default=0)
         for index, res in enumerate(results):
             if not words[index]:
                 yield dict(res, index=index)
+                seqs[index].finish(res["meta_info"], 0)
         for i in range(longest):
             _sleep_until(token_due(st, first_token_at, i))
             for index, res in enumerate(results):
@@ -227,11 +281,37 @@ def generate_stream(st: "Standin", req: Dict[str, Any]) -> Iterator[Dict[str, An
                             finish_reason=res["meta_info"]["finish_reason"] if last else None)
                 yield {"text": " ".join(words[index][: i + 1]), "meta_info": meta,
                        "index": index}
+                if last:
+                    seqs[index].finish(res["meta_info"])
 
-    return events()
+    return EventStream(events(), seqs)
 
 
-def _generate(st: "Standin", req: Dict[str, Any], pace: bool) -> Tuple[List[Dict[str, Any]], bool]:
+def _run_all(st: "Standin", jobs: List[Tuple[Any, ...]], max_new: int, pace: bool,
+             arrived: Optional[float], streaming: bool
+             ) -> Tuple[List[Dict[str, Any]], List[Seq]]:
+    """run_one for each (text, input_ids, bootstrap...) in turn, each with its Seq. With `pace`
+    a sequence is served when run_one returns, else the caller finishes it. On an error every
+    Seq started so far stops running before the error goes on."""
+    arrived = time.monotonic() if arrived is None else arrived
+    results: List[Dict[str, Any]] = []
+    seqs: List[Seq] = []
+    try:
+        for text, input_ids, *boot in jobs:
+            seqs.append(Seq(st, arrived, streaming))
+            results.append(run_one(st, text, input_ids, max_new, *boot, pace=pace,
+                                   seq=seqs[-1]))
+            if pace:
+                seqs[-1].finish(results[-1]["meta_info"])
+    except BaseException:
+        for seq in seqs:
+            seq.abort()
+        raise
+    return results, seqs
+
+
+def _generate(st: "Standin", req: Dict[str, Any], pace: bool, arrived: Optional[float] = None,
+              streaming: bool = False) -> Tuple[List[Dict[str, Any]], bool, List[Seq]]:
     text = req.get("text")
     input_ids = req.get("input_ids")
     sp = req.get("sampling_params") or {}
@@ -247,16 +327,19 @@ def _generate(st: "Standin", req: Dict[str, Any], pace: bool) -> Tuple[List[Dict
     if isinstance(text, list) or (
         input_ids is not None and input_ids and isinstance(input_ids[0], list)
     ):
-        seqs = text if isinstance(text, list) else [None] * len(input_ids)
-        ids = input_ids if input_ids is not None else [None] * len(seqs)
-        return [
-            run_one(st, t, x, max_new, *_bootstrap_of(req, i), pace=pace)
-            for i, (t, x) in enumerate(zip(seqs, ids))
-        ], True
-    return [run_one(st, text, input_ids, max_new, *_bootstrap_of(req, None), pace=pace)], False
+        texts = text if isinstance(text, list) else [None] * len(input_ids)
+        ids = input_ids if input_ids is not None else [None] * len(texts)
+        jobs = [(t, x, *_bootstrap_of(req, i)) for i, (t, x) in enumerate(zip(texts, ids))]
+        batch = True
+    else:
+        jobs = [(text, input_ids, *_bootstrap_of(req, None))]
+        batch = False
+    results, seqs = _run_all(st, jobs, max_new, pace, arrived, streaming)
+    return results, batch, seqs
 
 
-def completions(st: "Standin", req: Dict[str, Any], chat: bool) -> Dict[str, Any]:
+def completions(st: "Standin", req: Dict[str, Any], chat: bool,
+                arrived: Optional[float] = None) -> Dict[str, Any]:
     """POST /v1/completions and /v1/chat/completions, on the same path as /generate."""
     if chat:
         msgs = req.get("messages") or []
@@ -272,7 +355,8 @@ def completions(st: "Standin", req: Dict[str, Any], chat: bool) -> Dict[str, Any
         if isinstance(prompt, list):
             prompt = " ".join(str(p) for p in prompt)
     max_tokens = req.get("max_completion_tokens") or req.get("max_tokens") or 16
-    res = run_one(st, prompt, None, int(max_tokens), *_bootstrap_of(req, None))
+    (res,), _ = _run_all(st, [(prompt, None, *_bootstrap_of(req, None))], int(max_tokens),
+                         True, arrived, bool(req.get("stream")))
     meta = res["meta_info"]
     usage = {
         "prompt_tokens": meta["prompt_tokens"],

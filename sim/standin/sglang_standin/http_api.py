@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
 from .generation import completions, generate, generate_stream
 from .http_base import Handler, RequestError
+
+
+# What prometheus_client's exposition (SGLang's /metrics) answers with: text format 0.0.4.
+PROMETHEUS_CTYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class ApiHandler(Handler):
@@ -33,13 +39,14 @@ class ApiHandler(Handler):
             self._send(200, [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}])
             return
         if method == "GET" and path == "/metrics" and st.args.enable_metrics:
-            self._send(200, st.metrics_text(), "text/plain; version=0.0.4")
+            self._send(200, st.metrics_text(), PROMETHEUS_CTYPE)
             return
         if method in ("GET", "POST") and path == "/flush_cache":
             self._read_body()
             self._send(200, "Cache flushed.\n", "text/plain")
             return
         if method == "POST" and path in ("/generate", "/v1/completions", "/v1/chat/completions"):
+            arrived = time.monotonic()  # time to first token counts from here
             body = self._json_body()
             reason = st.not_ready_reason()
             if reason is not None:
@@ -48,12 +55,16 @@ class ApiHandler(Handler):
                 st.num_requests += 1
             if path == "/generate":
                 if body.get("stream"):
-                    self._send_sse(generate_stream(st, body))
+                    events = generate_stream(st, body, arrived)
+                    try:
+                        self._send_sse(events)
+                    finally:
+                        events.close()
                 else:
-                    self._send(200, generate(st, body))
+                    self._send(200, generate(st, body, arrived))
                 return
             chat = path == "/v1/chat/completions"
-            res = completions(st, body, chat=chat)
+            res = completions(st, body, chat=chat, arrived=arrived)
             if body.get("stream"):
                 choice = res["choices"][0]
                 if chat:
@@ -77,7 +88,8 @@ class DummyHealthHandler(Handler):
 
     Its three GET routes answer 200 with no body whatever the group's state; FastAPI answers 405
     to another method on them and 404 elsewhere. With --enable-metrics SGLang also mounts
-    /metrics there (the Prometheus multiprocess registry of that node's schedulers).
+    /metrics there (the Prometheus multiprocess registry of that node's schedulers): the
+    scheduler gauges with this node's first scheduler's labels, at 0 (no traffic reaches it).
     """
 
     kind = "health"
@@ -90,12 +102,6 @@ class DummyHealthHandler(Handler):
                 self._send(405, {"detail": "Method Not Allowed"})
             return
         if method == "GET" and path == "/metrics" and self.st.args.enable_metrics:
-            lbl = f'{{model_name="{self.st.args.served_model_name}"}}'
-            self._send(
-                200,
-                f"# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{lbl} 0\n"
-                f"# TYPE sglang:num_queue_reqs gauge\nsglang:num_queue_reqs{lbl} 0\n",
-                "text/plain; version=0.0.4",
-            )
+            self._send(200, self.st.scheduler_gauges_text(), PROMETHEUS_CTYPE)
             return
         self._send(404, {"detail": "Not Found"})

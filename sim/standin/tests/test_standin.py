@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -433,6 +434,17 @@ def test_pd_groups_health_bootstrap_and_kv(launcher):
     assert out["meta_info"]["kv_transfer"]["bootstrap_room"] == room
     assert out["meta_info"]["finish_reason"]["length"] == 12
     assert get_json(f"http://{HOST}:{pg['boot']}/kv/{room}")["text"] == "Tell me a story"
+    # /metrics (the groups run --enable-metrics): prefill served the 4 prompt tokens and its one
+    # token; decode the 4 and 12, its first token after waiting ~0.3 s for the KV
+    pm, dm = scrape(pg["url"]), scrape(dg["url"])
+    for fams, engine, generated in ((pm, "prefill", 1), (dm, "decode", 12)):
+        lbl = {"engine_type": engine, "is_streaming": "false"}
+        assert metric(fams, "sglang:prompt_tokens_total", **lbl) == 4, engine
+        assert metric(fams, "sglang:generation_tokens_total", **lbl) == generated, engine
+        assert metric(fams, "sglang:num_requests_total", **lbl) == 1, engine
+        assert metric(fams, "sglang:time_to_first_token_seconds_count", **lbl) == 1, engine
+        assert metric(fams, "sglang:num_running_reqs", engine_type=engine) == 0, engine
+    assert metric(dm, "sglang:time_to_first_token_seconds_sum") >= 0.3
 
     # decode with bootstrap_port null uses its own --disaggregation-bootstrap-port (here: nothing
     # listens there), and a room prefill never saw: both fail like a real KV transfer failure
@@ -445,6 +457,12 @@ def test_pd_groups_health_bootstrap_and_kv(launcher):
             assert str(dg["boot"]) in text
     # requests without bootstrap info are refused by P/D servers
     assert http("POST", pg["url"] + "/generate", {"text": "x"})[0] == 400
+    # failed requests are not served ones, and none is left running
+    for url, engine in ((pg["url"], "prefill"), (dg["url"], "decode")):
+        fams = scrape(url)
+        assert metric(fams, "sglang:num_requests_total") == 1, engine
+        assert metric(fams, "sglang:num_running_reqs") == 0, engine
+    assert metric(scrape(dg["url"]), "sglang:standin_requests_total") == 3
 
 
 def test_killing_rank1_breaks_group_for_good(launcher):
@@ -539,6 +557,15 @@ def test_rank1_dummy_health_server_after_load_and_registration(launcher):
     # --enable-metrics: SGLang mounts its Prometheus app on the dummy server too
     code, text = http("GET", rank1 + "/metrics")
     assert code == 200 and "sglang:num_running_reqs" in text
+    # only the scheduler gauges (no traffic reaches rank 1), labelled as its first scheduler:
+    # --tp 16 --ep 16 --dp 16 on 2 nodes, so tp_rank 8
+    fams = scrape(rank1)
+    assert sorted(fams) == ["sglang:num_queue_reqs", "sglang:num_running_reqs"]
+    for name in fams:
+        assert fams[name].type == "gauge" and metric(fams, name) == 0
+        assert series_labels(fams, name) == [{
+            "model_name": str(launcher.model_dir), "engine_type": "prefill", "tp_rank": "8",
+            "pp_rank": "0", "moe_ep_rank": "8", "dp_rank": "8"}]
     wait_healthy(g)
     assert READY_BANNER not in p1.output()
 
@@ -761,3 +788,248 @@ def test_rates_default_to_instant(launcher):
     assert code == 200, text
     assert time.monotonic() - started < 1.0
     assert json.loads(text)["meta_info"]["completion_tokens"] == 200
+
+
+# ------------------------------------------------------------------------------------------------
+# /metrics: SGLang 0.5.19's Prometheus names (sglang/srt/observability/metrics_collector.py)
+
+# SGLang 0.5.19's default buckets of sglang:time_to_first_token_seconds, as prometheus_client
+# writes them in `le`
+TTFT_LE = ["0.1", "0.2", "0.4", "0.6", "0.8", "1.0", "2.0", "4.0", "6.0", "8.0", "10.0", "20.0",
+           "40.0", "60.0", "80.0", "100.0", "200.0", "400.0", "+Inf"]
+PROM_TYPES = ("counter", "gauge", "histogram", "summary", "untyped")
+_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_SAMPLE_RE = re.compile(rf"^({_NAME})(?:\{{(.*)\}})? (\S+)(?: (-?[0-9]+))?$")
+_LABEL_RE = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)"\s*(,|$)')
+_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+
+
+class Family:
+    def __init__(self, name: str, mtype: str):
+        self.name, self.type, self.help = name, mtype, None
+        # (sample name, frozenset of (label, value)) -> value
+        self.samples: Dict[Tuple[str, frozenset], float] = {}
+
+
+def parse_prometheus(text: str) -> Dict[str, Family]:
+    """A strict reader of the text exposition format 0.0.4: every line must be a `# HELP`, a
+    `# TYPE` (once per family, before its samples) or a sample of the family last typed (a
+    histogram's _bucket with `le`, _sum and _count); a counter's name ends in _total; a
+    histogram's buckets are cumulative and its +Inf bucket equals its _count."""
+    assert text.endswith("\n"), text[-200:]
+    fams: Dict[str, Family] = {}
+    helps: Dict[str, str] = {}
+    current: Optional[Family] = None
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        if line.startswith("#"):
+            parts = line.split(" ", 3)
+            if len(parts) >= 3 and parts[1] == "TYPE":
+                name, mtype = parts[2], parts[3] if len(parts) > 3 else ""
+                assert re.fullmatch(_NAME, name) and mtype in PROM_TYPES, line
+                assert name not in fams, f"second TYPE for {name}"
+                if mtype == "counter":
+                    assert name.endswith("_total"), line
+                current = fams[name] = Family(name, mtype)
+            elif len(parts) >= 3 and parts[1] == "HELP":
+                assert re.fullmatch(_NAME, parts[2]), line
+                assert parts[2] not in helps, f"second HELP for {parts[2]}"
+                helps[parts[2]] = parts[3] if len(parts) > 3 else ""
+            continue
+        m = _SAMPLE_RE.match(line)
+        assert m, f"not a sample line: {line!r}"
+        sname, raw_labels, raw_value = m.group(1), m.group(2) or "", m.group(3)
+        labels: Dict[str, str] = {}
+        pos = 0
+        while pos < len(raw_labels):
+            lm = _LABEL_RE.match(raw_labels, pos)
+            assert lm, f"bad labels in {line!r}"
+            assert lm.group(1) not in labels, f"label twice in {line!r}"
+            labels[lm.group(1)] = re.sub(r'\\[\\"n]', lambda e: _UNESCAPE[e.group(0)],
+                                         lm.group(2))
+            pos = lm.end()
+        value = float(raw_value)  # also +Inf, -Inf, NaN
+        assert current is not None, f"sample before any TYPE: {line!r}"
+        if current.type == "histogram":
+            suffix = sname[len(current.name):] if sname.startswith(current.name) else None
+            assert suffix in ("_bucket", "_sum", "_count"), f"{line!r} in {current.name}"
+            assert ("le" in labels) == (suffix == "_bucket"), line
+        else:
+            assert sname == current.name, f"{line!r} in {current.name}"
+        key = (sname, frozenset(labels.items()))
+        assert key not in current.samples, f"sample twice: {line!r}"
+        current.samples[key] = value
+    for fam in fams.values():
+        fam.help = helps.get(fam.name)
+        if fam.type != "histogram":
+            continue
+        series: Dict[frozenset, List[Tuple[float, float]]] = {}
+        for (sname, lbl), v in fam.samples.items():
+            if sname.endswith("_bucket"):
+                le = dict(lbl)["le"]
+                rest = frozenset((k, x) for k, x in lbl if k != "le")
+                series.setdefault(rest, []).append((float(le), v))
+        for rest, buckets in series.items():
+            counts = [v for _, v in sorted(buckets)]
+            assert counts == sorted(counts), f"{fam.name} buckets not cumulative"
+            assert max(le for le, _ in buckets) == float("inf"), f"{fam.name}: no +Inf bucket"
+            assert counts[-1] == fam.samples[(fam.name + "_count", rest)], fam.name
+            assert (fam.name + "_sum", rest) in fam.samples, fam.name
+    return fams
+
+
+def scrape(url: str) -> Dict[str, Family]:
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        assert r.status == 200
+        ctype = r.headers.get("Content-Type", "")
+        assert ctype.startswith("text/plain; version=0.0.4"), ctype
+        return parse_prometheus(r.read().decode("utf-8"))
+
+
+def metric(fams: Dict[str, Family], sample: str, **labels: str) -> float:
+    """The sum of the samples named `sample` whose labels include `labels` (0 if none)."""
+    family = next((f for f in fams.values()
+                   if sample == f.name or (f.type == "histogram" and sample.startswith(f.name))),
+                  None)
+    if family is None:
+        return 0.0
+    want = set(labels.items())
+    return sum(v for (n, lbl), v in family.samples.items() if n == sample and want <= lbl)
+
+
+def series_labels(fams: Dict[str, Family], sample: str) -> List[Dict[str, str]]:
+    return [dict(lbl) for fam in fams.values() for (n, lbl) in fam.samples if n == sample]
+
+
+def test_parse_prometheus_refuses_what_prometheus_would():
+    ok = ('# HELP a_total Help \\\\ text.\n# TYPE a_total counter\na_total{x="q\\"uote"} 3.0\n'
+          '# TYPE h histogram\nh_bucket{le="1.0"} 1.0\nh_bucket{le="+Inf"} 2.0\n'
+          'h_count 2.0\nh_sum 1.5\n')
+    fams = parse_prometheus(ok)
+    assert metric(fams, "a_total", x='q"uote') == 3 and metric(fams, "h_count") == 2
+    assert fams["a_total"].help == "Help \\\\ text." and fams["h"].help is None
+    for bad in ("a 1\n",  # no TYPE
+                "# TYPE a counter\na 1\n",  # a counter without _total
+                "# TYPE a gauge\na{x=1} 1\n",  # unquoted label value
+                "# TYPE a gauge\na one\n",
+                "# TYPE a gauge\nb 1\n",  # sample of another family
+                '# TYPE h histogram\nh_bucket{le="1.0"} 2.0\nh_bucket{le="+Inf"} 1.0\n'
+                "h_count 1.0\nh_sum 1.0\n"):
+        with pytest.raises((AssertionError, ValueError)):
+            parse_prometheus(bad)
+
+
+def test_metrics_only_with_enable_metrics(launcher):
+    port = free_port()
+    launcher.server("plain", ["--model-path", str(launcher.model_dir), "--host", HOST,
+                              "--port", str(port)])
+    url = f"http://{HOST}:{port}"
+    wait_for(lambda: health(url) == 200, 15, "healthy")
+    assert http("POST", url + "/generate", {"text": "hi"})[0] == 200
+    assert http("GET", url + "/metrics") == (404, '{"detail": "Not Found"}')
+
+
+def test_metrics_count_tokens_requests_and_ttft(launcher):
+    # null mode, one node: prefill 2000 prompt tokens/s, so 600 tokens take 0.3 s to the
+    # first token; decode 20 tokens/s after it
+    g = launcher.group("null", "null", nnodes=1,
+                       env={"SGLANG_STANDIN_PREFILL_TOKENS_PER_S": "2000",
+                            "SGLANG_STANDIN_DECODE_TOKENS_PER_S": "20"})
+    wait_healthy(g)
+    url, model = g["url"], str(launcher.model_dir)
+    before = scrape(url)
+    sched = {"model_name": model, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0",
+             "moe_ep_rank": "0", "dp_rank": "0"}  # the group runs --dp-size 8
+    for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs"):
+        assert before[name].type == "gauge" and before[name].help
+        assert series_labels(before, name) == [sched], name
+    assert metric(before, "sglang:num_running_reqs") == 0
+    assert metric(before, "sglang:standin_ready") == 1
+
+    # non-streamed: 3 single requests (input_ids and text) and a batch of 2
+    bodies = [
+        {"input_ids": [5] * 600, "sampling_params": {"max_new_tokens": 3}},
+        {"input_ids": list(range(600)), "sampling_params": {"max_new_tokens": 1}},
+        {"text": " ".join(["word"] * 600), "sampling_params": {"max_new_tokens": 2}},
+        {"text": [" ".join(["a"] * 600), " ".join(["b"] * 600)],
+         "sampling_params": {"max_new_tokens": 2}},
+    ]
+    for body in bodies:
+        code, text = http("POST", url + "/generate", body, timeout=30)
+        assert code == 200, text
+    n_seqs, prompt, generated = 5, 5 * 600, 3 + 1 + 2 + 2 * 2
+    # streamed: one request of 600 prompt tokens and 20 output tokens (0.3 s, then 19 / 20 s);
+    # while it runs, num_running_reqs is 1
+    res: Dict[str, object] = {}
+    t = threading.Thread(target=lambda: res.update(r=stream_generate(url, {
+        "input_ids": [9] * 600, "sampling_params": {"max_new_tokens": 20}, "stream": True})))
+    t.start()
+    try:
+        wait_for(lambda: metric(scrape(url), "sglang:num_running_reqs") == 1, 5,
+                 "num_running_reqs 1 while streaming", interval=0.05)
+    finally:
+        t.join(30)
+    status, events, _ = res["r"]
+    assert status == 200 and len(events) == 21, events  # 20 tokens and [DONE]
+
+    after = scrape(url)
+    assert metric(after, "sglang:num_running_reqs") == 0
+    assert metric(after, "sglang:num_queue_reqs") == 0
+    tok = {"model_name": model, "engine_type": "unified"}
+
+    def grew(sample: str, stream: str) -> float:
+        return (metric(after, sample, is_streaming=stream, **tok)
+                - metric(before, sample, is_streaming=stream, **tok))
+
+    assert grew("sglang:prompt_tokens_total", "false") == prompt
+    assert grew("sglang:generation_tokens_total", "false") == generated
+    assert grew("sglang:num_requests_total", "false") == n_seqs
+    assert grew("sglang:prompt_tokens_total", "true") == 600
+    assert grew("sglang:generation_tokens_total", "true") == 20
+    assert grew("sglang:num_requests_total", "true") == 1
+    for name in ("sglang:prompt_tokens_total", "sglang:generation_tokens_total",
+                 "sglang:num_requests_total"):
+        assert after[name].type == "counter"
+        assert sorted(series_labels(after, name), key=str) == [
+            dict(tok, is_streaming="false"), dict(tok, is_streaming="true")], name
+    ttft = after["sglang:time_to_first_token_seconds"]
+    assert ttft.type == "histogram"
+    for stream, n in (("false", n_seqs), ("true", 1)):
+        assert grew("sglang:time_to_first_token_seconds_count", stream) == n
+        les = [dict(lbl)["le"] for (s, lbl) in ttft.samples
+               if s.endswith("_bucket") and dict(lbl).get("is_streaming") == stream]
+        assert les == TTFT_LE
+        # every first token came >= 0.3 s after its request (600 prompt tokens at 2000/s); the
+        # batch's second sequence waited for the first one too: >= 0.6 s. The streamed one's
+        # last token came ~1.25 s after it: the histogram has the first.
+        le_02 = (metric(after, "sglang:time_to_first_token_seconds_bucket", le="0.2",
+                        is_streaming=stream, **tok)
+                 - metric(before, "sglang:time_to_first_token_seconds_bucket", le="0.2",
+                          is_streaming=stream, **tok))
+        assert le_02 == 0, stream
+        least = 0.3 * n + (0.3 if stream == "false" else 0.0)
+        total = grew("sglang:time_to_first_token_seconds_sum", stream)
+        assert least <= total < least + 0.6 * n, (stream, total)
+    assert series_labels(after, "sglang:time_to_first_token_seconds_count") == [
+        dict(tok, is_streaming="false"), dict(tok, is_streaming="true")]
+    # the stand-in's own: one per HTTP generation request
+    assert (metric(after, "sglang:standin_requests_total")
+            - metric(before, "sglang:standin_requests_total")) == len(bodies) + 1
+
+    # a client that goes away mid-stream: the sequence stops running, and is not counted
+    req = urllib.request.Request(url + "/generate", method="POST", data=json.dumps(
+        {"input_ids": [1] * 10, "sampling_params": {"max_new_tokens": 100},
+         "stream": True}).encode())
+    req.add_header("Content-Type", "application/json")
+    r = urllib.request.urlopen(req, timeout=10)
+    try:
+        assert r.readline().startswith(b"data:")
+        assert metric(scrape(url), "sglang:num_running_reqs") == 1
+    finally:
+        r.close()
+    wait_for(lambda: metric(scrape(url), "sglang:num_running_reqs") == 0, 5,
+             "num_running_reqs 0 after the client left")
+    gone = scrape(url)
+    assert metric(gone, "sglang:num_requests_total", is_streaming="true") == 1
+    assert metric(gone, "sglang:time_to_first_token_seconds_count", is_streaming="true") == 2
