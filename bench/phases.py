@@ -12,13 +12,14 @@ PHASES = (
     "preflight",
     "file copy",
     "image pull",
+    "prepared image",
     "mc-master + gate",
     "prefill start + gate",
     "decode start + gate",
     "router + gate",
     "smoke test",
 )
-NODE_PREPARATION = PHASES[:3]
+NODE_PREPARATION = PHASES[:4]
 
 
 def phase_of(name: str, type_: str) -> str | None:
@@ -26,6 +27,11 @@ def phase_of(name: str, type_: str) -> str | None:
     if type_.startswith(("kimipd:", "pulumi:")):
         return None
     if name.startswith("node-"):
+        # Rank containers are named by node and mode (node-10-231-60-5-decode).
+        if name.endswith(("-prefill", "-decode")):
+            return f"{name.rsplit('-', 1)[1]} start + gate"
+        if name.endswith("-prepared-image"):
+            return "prepared image"
         if name.endswith("-preflight"):
             return "preflight"
         if name.endswith(("-image", "-image-env")):

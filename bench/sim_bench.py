@@ -135,7 +135,7 @@ class SimBench:
         assert result.outputs["smokeTest"].value.strip(), "the smoke test returned no text"
         spans = recorder.spans()
         decode_start = min(s.start for s in recorder.steps.values()
-                           if s.name.startswith("decode-r") and s.type.endswith("Container"))
+                           if s.name.endswith("-decode") and s.type.endswith("Container"))
         prefill_healthy = max(s.end or 0 for s in recorder.steps.values()
                               if s.name.startswith("prefill-r") and s.name.endswith("-health"))
         # Where a group's time goes, rank 0 (seconds after the container was created); the gate

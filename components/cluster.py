@@ -11,6 +11,7 @@ from .render import (
     group_endpoint,
     mooncake_master_address,
     mooncake_master_plan,
+    prometheus_targets,
     router_plan,
     router_url,
     sglang_rank_plan,
@@ -95,6 +96,7 @@ class Cluster(pulumi.ComponentResource):
             "routerUrl": router_url(cfg),
             "generateUrl": router_url(cfg) + "/generate",
             "smokeTest": self.smoke_test.text,
+            "prometheusTargets": prometheus_targets(cfg, pulumi.get_stack()),
         }
 
 

@@ -215,6 +215,9 @@ class GroupSpec(_Model):
     dist_init_host: str | None = None
     extra_args: list[str] = []
     env: dict[str, str] = {}
+    # Bumping it replaces this group's containers only (and what follows them: the router when
+    # it must, the smoke test); every other group keeps its containers.
+    restart_generation: int = Field(default=0, ge=0)
 
     @property
     def rank0(self) -> str:
@@ -446,6 +449,12 @@ class VerificationSpec(_Model):
     tolerance: float = Field(default=0.1, ge=0, lt=1)
 
 
+class MetricsSpec(_Model):
+    # SGLang's --enable-metrics on every group, and the stack output prometheusTargets (every
+    # rank's /metrics and the Mooncake master's metrics port) for a Prometheus file_sd_configs.
+    enabled: bool = False
+
+
 class ClusterConfig(_Model):
     image: str
     # The Mooncake version the image itself ships; only consulted when no Mooncake wheel is
@@ -464,6 +473,7 @@ class ClusterConfig(_Model):
     smoke_test: SmokeTestSpec = SmokeTestSpec()
     connection: ConnectionSpec = ConnectionSpec()
     verification: VerificationSpec = VerificationSpec()
+    metrics: MetricsSpec = MetricsSpec()
     # false: keep node preparation (files, image, preflight), remove every container.
     serving: bool = True
     # Bumping it replaces every container, in dependency order (the runbook's `restart`).
@@ -842,6 +852,7 @@ MANAGED_SGLANG_FLAGS = {
     "dist_init_addr": "{group}.distInitPort (the host is the group's first node)",
     "host": "nothing: every rank binds 0.0.0.0 so decode reaches prefill's bootstrap server",
     "port": "{group}.httpPort",
+    "enable_metrics": "metrics.enabled (it also lists the targets in prometheusTargets)",
 }
 MANAGED_ROUTER_FLAGS = {
     "pd_disaggregation": "nothing: the router always runs in PD mode",

@@ -12,8 +12,9 @@ from .render import ContainerPlan, env_list
 
 
 def node_container(plan: ContainerPlan, node: Node, *, depends_on: Sequence[pulumi.Resource],
-                   parent: pulumi.Resource,
-                   replace_with: Sequence[docker.Container] = ()) -> docker.Container:
+                   parent: pulumi.Resource, replace_with: Sequence[docker.Container] = (),
+                   resource_name: str | None = None,
+                   aliases: Sequence[pulumi.Alias] = ()) -> docker.Container:
     """Host network and host IPC: NCCL, RDMA and the KV bootstrap bind the node's addresses.
 
     A container found stopped (`refresh` records `mustRun` drift) is replaced, not restarted in
@@ -22,7 +23,7 @@ def node_container(plan: ContainerPlan, node: Node, *, depends_on: Sequence[pulu
     a lone restarted rank cannot rejoin its NCCL group.
     """
     return docker.Container(
-        plan.role,
+        resource_name or plan.role,
         name=plan.name,
         image=node.run_image_id,
         command=plan.command,
@@ -46,6 +47,7 @@ def node_container(plan: ContainerPlan, node: Node, *, depends_on: Sequence[pulu
         opts=pulumi.ResourceOptions(
             parent=parent, provider=node.provider, depends_on=[*node.ready, *depends_on],
             replace_on_changes=["mustRun"], replace_with=list(replace_with) or None,
+            aliases=list(aliases) or None,
             # Fixed container names and host-network ports: a replacement cannot start beside
             # the container it replaces, so the old one goes first, for every role.
             delete_before_replace=True),

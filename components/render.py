@@ -38,12 +38,19 @@ def container_name(role: str) -> str:
     return f"kimipd-{role}"
 
 
-def container_labels(cfg: ClusterConfig, role: str) -> dict[str, str]:
-    # The generation is a label so that bumping it changes an input that forces replacement.
-    return {
+def container_labels(cfg: ClusterConfig, role: str,
+                     group_name: str | None = None) -> dict[str, str]:
+    # The generations are labels so that bumping one changes an input that forces replacement:
+    # the global one on every container, a group's own on that group's ranks.
+    labels = {
         "kimipd.role": role,
         "kimipd.restart-generation": str(cfg.restart_generation),
     }
+    if group_name is not None:
+        labels |= {"kimipd.group": group_name,
+                   "kimipd.group-restart-generation":
+                       str(cfg.groups[group_name].restart_generation)}
+    return labels
 
 
 # -- SGLang servers ----------------------------------------------------------------------------
@@ -71,6 +78,9 @@ def sglang_launch_args(cfg: ClusterConfig, group_name: str, rank: int) -> list[s
         "--host", "0.0.0.0",
         "--port", str(group.http_port),
     ]
+    if cfg.metrics.enabled:
+        # Rank 0 serves /metrics on --port, ranks >= 1 on their dummy health server.
+        args.append("--enable-metrics")
     return args + list(group.extra_args)
 
 
@@ -392,7 +402,8 @@ class ContainerPlan:
 
 
 def _plan(cfg: ClusterConfig, role: str, node: str, command: list[str], env: dict[str, str],
-          health: str, gpu_workload: bool, runtime: str | None = None) -> ContainerPlan:
+          health: str, gpu_workload: bool, runtime: str | None = None,
+          group_name: str | None = None) -> ContainerPlan:
     settings = cfg.container
     return ContainerPlan(
         role=role,
@@ -400,7 +411,7 @@ def _plan(cfg: ClusterConfig, role: str, node: str, command: list[str], env: dic
         name=container_name(role),
         command=command,
         env=env,
-        labels=container_labels(cfg, role),
+        labels=container_labels(cfg, role, group_name),
         mounts=container_mounts(cfg),
         gpus=settings.gpus if gpu_workload else None,
         devices=list(settings.devices) if gpu_workload else [],
@@ -434,7 +445,7 @@ def sglang_rank_plan(cfg: ClusterConfig, group_name: str, rank: int) -> Containe
     group = cfg.groups[group_name]
     return _plan(cfg, rank_role(group_name, rank), group.nodes[rank],
                  sglang_command(cfg, group_name, rank), sglang_env(cfg, group_name, rank),
-                 health_url(group, rank), gpu_workload=True)
+                 health_url(group, rank), gpu_workload=True, group_name=group_name)
 
 
 def router_plan(cfg: ClusterConfig) -> ContainerPlan:
@@ -452,3 +463,24 @@ def container_mounts(cfg: ClusterConfig) -> list[tuple[str, str, bool]]:
 
 def env_list(env: dict[str, str]) -> list[str]:
     return [f"{key}={value}" for key, value in sorted(env.items())]
+
+
+def prometheus_targets(cfg: ClusterConfig, stack: str) -> list[dict[str, object]]:
+    """A Prometheus file_sd_configs document: every SGLang rank's /metrics (rank 0 on the API
+    port, ranks >= 1 on their dummy health server, same port) and the Mooncake master's metrics
+    port. Empty unless metrics.enabled. MiniLB serves no metrics, so the router is not listed."""
+    if not cfg.metrics.enabled:
+        return []
+    master = cfg.mooncake_master
+    targets: list[dict[str, object]] = [{
+        "targets": [f"{master.node}:{master.metrics_port}"],
+        "labels": {"stack": stack, "role": MOONCAKE_MASTER, "node": master.node},
+    }]
+    for name, group in cfg.groups.items():
+        for rank, node in enumerate(group.nodes):
+            targets.append({
+                "targets": [f"{node}:{group.http_port}"],
+                "labels": {"stack": stack, "role": rank_role(name, rank), "group": name,
+                           "mode": group.mode, "rank": str(rank), "node": node},
+            })
+    return targets

@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import pulumi
+import pulumi_docker as docker
 
 from .config import ClusterConfig
 from .containers import node_container
 from .gates import BootstrapGate, HealthGate
 from .node import Node
-from .render import group_endpoint, sglang_rank_plan
+from .render import ContainerPlan, group_endpoint, sglang_rank_plan
 
 
 class ServingGroup(pulumi.ComponentResource):
@@ -25,14 +26,22 @@ class ServingGroup(pulumi.ComponentResource):
         super().__init__("kimipd:serving:ServingGroup", name, None, opts)
         group = cfg.groups[name]
         plans = [sglang_rank_plan(cfg, name, rank) for rank in range(len(group.nodes))]
-        rank0 = node_container(plans[0], nodes[plans[0].node], depends_on=wait_for, parent=self)
+
+        def rank_container(plan: ContainerPlan, **options) -> docker.Container:
+            # Named by where it runs (a node holds one rank per mode), not by group and rank:
+            # regrouping nodes (1P1D -> 2P2D) then replaces each node's container in place, in
+            # dependency order and old one first, instead of creating the new group beside the
+            # old one's ports and GPUs and deleting the old at the end. The alias carries stacks
+            # deployed when containers were named by role.
+            return node_container(plan, nodes[plan.node], depends_on=wait_for, parent=self,
+                                  resource_name=f"{nodes[plan.node].resource_name}-{group.mode}",
+                                  aliases=[pulumi.Alias(name=plan.role)], **options)
+
+        rank0 = rank_container(plans[0])
         # When a rank dies its group dies (NCCL abort, then rank 0's watchdog); whatever replaces
         # rank 0 replaces every rank, so the group restarts whole and is gated again.
-        self.containers = [rank0] + [
-            node_container(plan, nodes[plan.node], depends_on=wait_for, parent=self,
-                           replace_with=[rank0])
-            for plan in plans[1:]
-        ]
+        self.containers = [rank0] + [rank_container(plan, replace_with=[rank0])
+                                     for plan in plans[1:]]
         self.gate = HealthGate(f"{name}-ready", cfg, nodes, plans, self.containers,
                                opts=pulumi.ResourceOptions(parent=self))
         # A prefill group's rank 0 bootstrap server answering: what decode waits for when the

@@ -1,4 +1,4 @@
-"""The command line: `scripts/kimipd [-s STACK] {status,logs,verify} ...`."""
+"""The command line: `scripts/kimipd [-s STACK] {status,logs,verify,targets} ...`."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from . import status as status_command
 from . import verify as verify_command
 from .probe import VIA_CHOICES, Prober
 from .remote import RemoteError, SshTransport, Transport
-from .stack import REPO, Access, Stack, StackError, load_stack
+from .stack import REPO, Access, PulumiCli, Stack, StackError, load_stack
 
 EXIT_CODES = (f"exit codes: {OK} all serve / all pass, {DEGRADED} degraded / regression / "
               f"something not collected, {DOWN} stack down (serving false, no outputs) or "
@@ -120,6 +120,18 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--only", action="append", default=[], metavar="NAME",
                         help="only this baseline request (warmup, medium, long); repeatable")
     verify.set_defaults(func=run_verify)
+
+    targets = commands.add_parser(
+        "targets", help="write the prometheusTargets output as a Prometheus file_sd file",
+        description="Writes the stack's prometheusTargets output (every SGLang rank's /metrics "
+                    "and the Mooncake master's metrics port, labelled stack, group, mode, rank, "
+                    "node, role) to FILE for a file_sd_configs entry; Prometheus re-reads it "
+                    "when it changes. Written atomically (a temporary file, then rename).",
+        epilog=f"exit codes: {OK} written, {DEGRADED} the stack lists no targets "
+               f"(metrics.enabled is false), {DOWN} the stack cannot be read")
+    _common(targets, suppress=True)
+    targets.add_argument("--out", type=Path, required=True, metavar="FILE",
+                         help="the file_sd file to write, e.g. /etc/prometheus/kimipd.json")
     return parser
 
 
@@ -211,9 +223,31 @@ def run_verify(args: argparse.Namespace, stack: Stack, transport: Transport) -> 
     return report.exit_code
 
 
+def run_targets(args: argparse.Namespace) -> int:
+    """No SSH and no config: only the stack's outputs."""
+    try:
+        outputs = (json.loads(Path(args.outputs_json).read_text()) if args.outputs_json
+                   else PulumiCli(args.stack, args.cwd).outputs())
+    except StackError as error:
+        print(f"kimipd: {error}", file=sys.stderr)
+        return DOWN
+    targets = outputs.get("prometheusTargets") or []
+    partial = args.out.with_name(args.out.name + ".partial")
+    partial.write_text(json.dumps(targets, indent=2) + "\n")
+    partial.replace(args.out)
+    print(f"{args.out}: {sum(len(entry['targets']) for entry in targets)} targets")
+    if not targets:
+        print("kimipd targets: the stack lists none; set kimipd:metrics.enabled true and "
+              "`pulumi up`", file=sys.stderr)
+        return DEGRADED
+    return OK
+
+
 def main(argv: list[str] | None = None,
          transport_factory: Callable[[Access], Transport] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "targets":
+        return run_targets(args)
     try:
         stack = load_stack(args.stack, args.cwd, args.outputs_json, args.config_json)
     except StackError as error:

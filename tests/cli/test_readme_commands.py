@@ -38,6 +38,8 @@ from tests.integration.sim import SimCluster, start_sim, stop_sim
 pytestmark = pytest.mark.timeout(1800)
 
 DECODE_RANKS = {f"decode-r{r}" for r in range(4)}
+# Their containers' resource names: by node and mode (components/serving.py).
+DECODE_CONTAINERS = {f"node-10-231-60-{5 + r}-decode": f"decode-r{r}" for r in range(4)}
 
 
 @dataclass
@@ -163,12 +165,14 @@ def test_preview_diff_of_a_decode_only_edit_shows_the_flag_on_the_decode_ranks_o
             changed[urn.group(1)] = (head.group(2), head.group(3), block)
     replaced_containers = {name for name, (type_, op, _) in changed.items()
                            if type_ == "docker:index/container:Container"}
-    assert replaced_containers == DECODE_RANKS, f"containers in the diff: {sorted(replaced_containers)}"
+    assert replaced_containers == set(DECODE_CONTAINERS), \
+        f"containers in the diff: {sorted(replaced_containers)}"
     assert {op for _, op, _ in changed.values()} == {"replace"}, \
         {name: op for name, (_, op, _) in changed.items()}
-    assert set(changed) == DECODE_RANKS | {f"{r}-health" for r in DECODE_RANKS} | {"smoke-test-generate"}
-    for rank in DECODE_RANKS:
-        block = changed[rank][2]
+    assert set(changed) == set(DECODE_CONTAINERS) | {f"{r}-health" for r in DECODE_RANKS} | {
+        "smoke-test-generate"}
+    for container, rank in DECODE_CONTAINERS.items():
+        block = changed[container][2]
         assert re.search(rf'~ \[\d+\]: "{old}" => "{new}"', block), f"{rank}: the flag's change is not shown:\n{block}"
         assert "~ command" in block and "~ envs" not in block and "~ image" not in block, block
     assert re.fullmatch(r"Resources:\s+\+-9 to replace\s+\d+ unchanged", resources_line(output)), output[-2000:]
@@ -207,7 +211,8 @@ def test_review_of_a_decode_only_edit(cli: Cli) -> None:
         assert change.op == "replace" and change.node == NODES[4 + int(rank[-1])]
         assert [(i.kind, i.name) for i in change.inputs] == [("flag", "--max-running-requests")], change.inputs
     waves = [{c.name for c in wave} for wave in order(found)]
-    assert waves == [DECODE_RANKS, {f"{r}-health" for r in DECODE_RANKS}, {"smoke-test-generate"}]
+    assert waves == [set(DECODE_CONTAINERS), {f"{r}-health" for r in DECODE_RANKS},
+                     {"smoke-test-generate"}]
     markdown = render(preview)
     assert "1. replace decode-r0 (10.231.60.5), replace decode-r1 (10.231.60.6), " \
            "replace decode-r2 (10.231.60.7), replace decode-r3 (10.231.60.8)" in markdown
@@ -226,8 +231,9 @@ def test_review_of_an_image_change(cli: Cli) -> None:
         assert [i.name for i in change.inputs] == ["image"], (change.role, change.inputs)
     waves = [{c.name for c in wave} for wave in order(found)]
     position = {name: i for i, wave in enumerate(waves) for name in wave}
-    assert position["node-10-231-60-1-image"] < position["mooncake-master"] < position["prefill-r0"] \
-        < position["decode-r0"] < position["router"] < position["smoke-test-generate"]
+    assert position["node-10-231-60-1-image"] < position["mooncake-master"] \
+        < position["node-10-231-60-1-prefill"] < position["node-10-231-60-5-decode"] \
+        < position["router"] < position["smoke-test-generate"]
     markdown = render(preview)
     assert "| 10.231.60.5 | router | container `kimipd-router` | replace |" in markdown
     assert "| input `image` |" in markdown
@@ -243,7 +249,8 @@ def test_review_of_serving_off(cli: Cli) -> None:
                           **{f"decode-r{r}": NODES[4 + r] for r in range(4)}}
     waves = [{c.name for c in wave} for wave in order(found)]
     position = {name: i for i, wave in enumerate(waves) for name in wave}
-    assert position["router"] < position["decode-r0"] < position["prefill-r0"] < position["mooncake-master"]
+    assert position["router"] < position["node-10-231-60-5-decode"] \
+        < position["node-10-231-60-1-prefill"] < position["mooncake-master"]
     markdown = render(preview)
     assert "| 10.231.60.1 | prefill-r0 | container `kimipd-prefill-r0` | delete |" in markdown
     assert not [c.name for c in found if c.type == "docker:index/remoteImage:RemoteImage"], \

@@ -15,6 +15,9 @@ from tests.conftest import stack_values
 from tests.integration.sim import SimCluster, start_sim, stop_sim
 
 NODES = [f"10.231.60.{i}" for i in range(1, 9)]
+# Rank containers' resource names (by node and mode) in stack `sim`: P on .1-.4, D on .5-.8.
+PREFILL_RANKS = [f"node-10-231-60-{i}-prefill" for i in range(1, 5)]
+DECODE_RANKS = [f"node-10-231-60-{i}-decode" for i in range(5, 9)]
 CONTAINER = "docker:index/container:Container"
 
 

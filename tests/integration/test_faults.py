@@ -18,7 +18,8 @@ from pulumi import automation as auto
 
 from sim.automation import Project
 from tests.integration.engine import (  # noqa: F401 - fixtures
-    NODES, Events, container_ids, env, new_stack, project, sim, sim_values)
+    DECODE_RANKS, NODES, PREFILL_RANKS, Events, container_ids, env, new_stack, project, sim,
+    sim_values)
 from tests.integration.sim import SimCluster, restart_sim
 
 pytestmark = pytest.mark.timeout(1800)
@@ -222,6 +223,7 @@ def test_requests_during_a_router_only_change(stack: auto.Stack, project: Projec
     print(f"router-only change: {len(results)} requests in {time.monotonic() - started:.0f}s, "
           f"{failed} failed")
     assert {"router", "router-health", "smoke-test-generate"} <= events.changed()
+    assert not events.changed() & {*PREFILL_RANKS, *DECODE_RANKS}
     assert not {name for name in events.changed() if "prefill-r" in name or "decode-r" in name}
     assert results and results[-1] == 200, results[-10:]
     assert failed < len(results), "no request succeeded"

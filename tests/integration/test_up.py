@@ -18,7 +18,8 @@ from pulumi import automation as auto
 from sim.automation import Project
 from tests.conftest import stack_values
 from tests.integration.engine import (  # noqa: F401 - fixtures
-    CONTAINER, NODES, Events, container_ids, env, new_stack, project, sim, sim_values)
+    CONTAINER, DECODE_RANKS, NODES, PREFILL_RANKS, Events, container_ids, env, new_stack, project,
+    sim, sim_values)
 from tests.integration.sim import SimCluster, restart_sim
 
 pytestmark = pytest.mark.timeout(1800)
@@ -105,7 +106,7 @@ def test_decode_only_change_replaces_only_decode(stack: auto.Stack, project: Pro
     project.update_stack("sim", {"groups": groups})
     preview = Events()
     stack.preview(on_event=preview)
-    assert preview.changed() == {f"decode-r{r}" for r in range(4)} | {
+    assert preview.changed() == set(DECODE_RANKS) | {
         f"decode-r{r}-health" for r in range(4)} | {"smoke-test-generate"}, preview.changed()
     stack.up()
     after = container_ids(sim)
@@ -184,10 +185,10 @@ def test_destroy_runs_in_reverse_order_and_keeps_images(stack: auto.Stack, sim: 
     events = Events()
     stack.destroy(on_event=events)
     router_gone = events.index("done", "delete", "router", CONTAINER)
-    decode_starts = [events.index("pre", "delete", f"decode-r{r}", CONTAINER) for r in range(4)]
-    decode_gone = [events.index("done", "delete", f"decode-r{r}", CONTAINER) for r in range(4)]
-    prefill_starts = [events.index("pre", "delete", f"prefill-r{r}", CONTAINER) for r in range(4)]
-    prefill_gone = [events.index("done", "delete", f"prefill-r{r}", CONTAINER) for r in range(4)]
+    decode_starts = [events.index("pre", "delete", name, CONTAINER) for name in DECODE_RANKS]
+    decode_gone = [events.index("done", "delete", name, CONTAINER) for name in DECODE_RANKS]
+    prefill_starts = [events.index("pre", "delete", name, CONTAINER) for name in PREFILL_RANKS]
+    prefill_gone = [events.index("done", "delete", name, CONTAINER) for name in PREFILL_RANKS]
     master_starts = events.index("pre", "delete", "mooncake-master", CONTAINER)
     assert router_gone < min(decode_starts), "decode stopped before the router"
     assert max(decode_gone) < min(prefill_starts), "prefill stopped before decode"

@@ -72,7 +72,13 @@ class Run:
         return bool(targets & dependencies)
 
     def containers(self) -> dict[str, Registration]:
-        return {r.name: r for r in self.of_type("docker:index/container:Container")}
+        """By role (the kimipd.role label): rank containers are named by node and mode."""
+        return {role_of(r): r for r in self.of_type("docker:index/container:Container")}
+
+
+def role_of(container: Registration) -> str:
+    return next(label["value"] for label in container.inputs["labels"]
+                if label["label"] == "kimipd.role")
 
 
 class ClusterMocks(pulumi.runtime.Mocks):

@@ -109,7 +109,7 @@ def test_nothing_starts_before_every_node_is_prepared(run: Run) -> None:
 
 def test_gates_rerun_only_when_a_container_of_theirs_is_replaced(run: Run) -> None:
     check = run.named("decode-r0-health")
-    assert check.inputs["triggers"] == [f"decode-r{rank}-id" for rank in range(4)]
+    assert check.inputs["triggers"] == [f"node-174-1-60-{5 + rank}-decode-id" for rank in range(4)]
     assert "/opt/kimipd/wait-healthy.sh" in check.inputs["create"]
     assert "http://174.1.60.5:30000/health" in check.inputs["create"]
 
@@ -183,7 +183,8 @@ def test_decode_only_change_leaves_every_prefill_input_alone(values: dict, run: 
     changed["groups"]["decode"]["env"] = {"SGLANG_LOG_LEVEL": "debug"}
     after = run_program(changed)
     for resource in run.resources:
-        if resource.name.startswith(("prefill", "mooncake-master", "node-")):
+        if (resource.name.startswith(("prefill", "mooncake-master", "node-"))
+                and not resource.name.endswith("-decode")):
             assert resource.raw_inputs == after.by_urn(resource.urn).raw_inputs, (
                 f"{resource.name} changed on a decode-only edit")
     for rank in range(4):
@@ -227,7 +228,7 @@ def test_overlapped_start_gates_decode_on_prefill_rank0_bootstrap(overlapped: Ru
     assert check.inputs["connection"]["value"]["host"] == "174.1.60.1"
     assert "--url http://174.1.60.1:8998/health --any-status" in check.inputs["create"]
     assert "--container kimipd-prefill-r0 --node 174.1.60.1" in check.inputs["create"]
-    assert check.inputs["triggers"] == [f"prefill-r{rank}-id" for rank in range(4)]
+    assert check.inputs["triggers"] == [f"node-174-1-60-{1 + rank}-prefill-id" for rank in range(4)]
 
 
 def test_overlapped_start_edges(overlapped: Run) -> None:
@@ -279,3 +280,11 @@ def test_a_stopped_container_is_replaced_and_a_group_restarts_whole(run: Run) ->
         assert rank0.replace_with == []
         for rank in range(1, 4):
             assert containers[f"{group}-r{rank}"].replace_with == [rank0.urn], (group, rank)
+
+
+def test_rank_containers_are_named_by_node_and_mode_with_their_role_as_alias(run: Run) -> None:
+    """Regrouping nodes replaces each node's container in place (see ServingGroup)."""
+    containers = run.containers()
+    assert containers["decode-r2"].name == "node-174-1-60-7-decode"
+    assert containers["prefill-r0"].name == "node-174-1-60-1-prefill"
+    assert containers["router"].name == "router"

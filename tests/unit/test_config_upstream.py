@@ -60,9 +60,18 @@ def test_router_extra_args_go_through_the_routers_parser(pro6000) -> None:
 def test_legitimate_extra_args_are_accepted(pro6000) -> None:
     pro6000["groups"]["decode"]["extraArgs"] = [
         "--mem-frac", "0.8", "--max-running-requests=64", "--cuda-graph-bs", "1", "2", "4",
-        "--kv-cache-dtype", "fp8_e4m3", "--enable-metrics"]
+        "--kv-cache-dtype", "fp8_e4m3"]
     pro6000["router"]["extraArgs"] = ["--request-timeout-secs", "600"]
     load_cluster_config(pro6000)
+
+
+def test_enable_metrics_is_the_metrics_key_not_an_extra_arg(pro6000) -> None:
+    """metrics.enabled also lists the targets; a bare --enable-metrics would serve /metrics that
+    prometheusTargets never names."""
+    pro6000["groups"]["decode"]["extraArgs"] = ["--enable-metrics"]
+    message = refusal(pro6000)
+    assert ("groups.decode.extraArgs[0]: '--enable-metrics' sets --enable-metrics" in message
+            and "metrics.enabled" in message), message
 
 
 def test_ranks_above_zero_bind_the_http_port_too(pro6000) -> None:

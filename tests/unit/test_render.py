@@ -420,3 +420,47 @@ def test_prepared_image_id_is_the_last_line_or_an_error() -> None:
     assert prepared_image_id("Step 1/4\nok\nsha256:" + "a" * 64 + "\n") == "sha256:" + "a" * 64
     with pytest.raises(ValueError, match="printed no image id"):
         prepared_image_id("Step 1/4 : FROM x\n")
+
+
+# -- per-group restart and metrics ---------------------------------------------------------------
+
+
+def test_a_groups_restart_generation_labels_only_its_ranks(pro6000: dict) -> None:
+    from components.render import mooncake_master_plan, router_plan, sglang_rank_plan
+
+    def labels(values: dict) -> dict[str, dict[str, str]]:
+        config = load_cluster_config(values)
+        plans = [mooncake_master_plan(config), router_plan(config)] + [
+            sglang_rank_plan(config, name, rank)
+            for name, group in config.groups.items() for rank in range(len(group.nodes))]
+        return {plan.role: plan.labels for plan in plans}
+
+    before = labels(pro6000)
+    assert before["decode-r2"]["kimipd.group"] == "decode"
+    assert before["decode-r2"]["kimipd.group-restart-generation"] == "0"
+    assert "kimipd.group" not in before["router"]
+    pro6000["groups"]["decode"]["restartGeneration"] = 1
+    after = labels(pro6000)
+    changed = sorted(role for role in before if before[role] != after[role])
+    assert changed == ["decode-r0", "decode-r1", "decode-r2", "decode-r3"]
+
+
+def test_metrics_render_the_flag_and_every_target(pro6000: dict) -> None:
+    from components.render import prometheus_targets
+
+    config = load_cluster_config(pro6000)
+    assert "--enable-metrics" not in sglang_command(config, "prefill", 0)
+    assert prometheus_targets(config, "pro6000") == []
+    pro6000["metrics"] = {"enabled": True}
+    config = load_cluster_config(pro6000)
+    assert all("--enable-metrics" in sglang_command(config, name, rank)
+               for name in ("prefill", "decode") for rank in range(4))
+    targets = prometheus_targets(config, "pro6000")
+    assert targets[0] == {"targets": ["174.1.60.1:9003"],
+                          "labels": {"stack": "pro6000", "role": "mooncake-master",
+                                     "node": "174.1.60.1"}}
+    assert targets[6] == {"targets": ["174.1.60.6:30000"],
+                          "labels": {"stack": "pro6000", "role": "decode-r1", "group": "decode",
+                                     "mode": "decode", "rank": "1", "node": "174.1.60.6"}}
+    assert len(targets) == 9
+    json.dumps(targets)  # a file_sd document as it stands

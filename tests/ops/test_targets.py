@@ -1,0 +1,35 @@
+"""`scripts/kimipd targets`: the prometheusTargets output as a file_sd file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from components.config import load_cluster_config
+from components.render import prometheus_targets
+from ops import DEGRADED, OK
+from ops.cli import main
+from tests.conftest import stack_values
+
+
+def test_targets_writes_the_stacks_file_sd_document(tmp_path: Path, capsys) -> None:
+    targets = prometheus_targets(load_cluster_config(stack_values("sim-2p2d")), "sim-2p2d")
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps({"prometheusTargets": targets}))
+    out = tmp_path / "kimipd.json"
+    assert main(["targets", "--outputs-json", str(outputs), "--out", str(out)]) == OK
+    assert json.loads(out.read_text()) == targets
+    assert not (tmp_path / "kimipd.json.partial").exists()
+    # The Mooncake master and every rank of the four groups.
+    assert f"{out}: 9 targets" in capsys.readouterr().out
+    groups = {entry["labels"].get("group") for entry in targets}
+    assert groups == {None, "prefill-a", "prefill-b", "decode-a", "decode-b"}
+
+
+def test_targets_without_metrics_say_how_to_turn_them_on(tmp_path: Path, capsys) -> None:
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps({"prometheusTargets": []}))
+    out = tmp_path / "kimipd.json"
+    assert main(["targets", "--outputs-json", str(outputs), "--out", str(out)]) == DEGRADED
+    assert json.loads(out.read_text()) == []
+    assert "kimipd:metrics.enabled true" in capsys.readouterr().err
