@@ -991,7 +991,7 @@ def test_metrics_count_tokens_requests_and_ttft(launcher):
     for name in ("sglang:prompt_tokens_total", "sglang:generation_tokens_total",
                  "sglang:num_requests_total"):
         assert after[name].type == "counter"
-        assert sorted(series_labels(after, name), key=str) == [
+        assert sorted(series_labels(after, name), key=lambda labels: labels["is_streaming"]) == [
             dict(tok, is_streaming="false"), dict(tok, is_streaming="true")], name
     ttft = after["sglang:time_to_first_token_seconds"]
     assert ttft.type == "histogram"
