@@ -12,14 +12,15 @@ from .render import ContainerPlan, env_list
 
 
 def node_container(plan: ContainerPlan, node: Node, *, depends_on: Sequence[pulumi.Resource],
-                   parent: pulumi.Resource, replace_with: Sequence[docker.Container] = (),
+                   parent: pulumi.Resource, follows: docker.Container | None = None,
                    resource_name: str | None = None,
                    aliases: Sequence[pulumi.Alias] = ()) -> docker.Container:
     """Host network and host IPC: NCCL, RDMA and the KV bootstrap bind the node's addresses.
 
     A container found stopped (`refresh` records `mustRun` drift) is replaced, not restarted in
     place: a new id re-runs its gate and the smoke test, so `up` never reports a cluster that
-    was merely started as converged. replace_with: ranks >= 1 go whenever rank 0 goes, because
+    was merely started as converged. follows (ranks >= 1: rank 0): its id is a label, so whatever
+    replaces rank 0 replaces this rank too (deleted before rank 0 goes, created after it), because
     a lone restarted rank cannot rejoin its NCCL group.
     """
     return docker.Container(
@@ -28,7 +29,9 @@ def node_container(plan: ContainerPlan, node: Node, *, depends_on: Sequence[pulu
         image=node.run_image_id,
         command=plan.command,
         envs=env_list(plan.env),
-        labels=[docker.ContainerLabelArgs(label=k, value=v) for k, v in plan.labels.items()],
+        labels=[docker.ContainerLabelArgs(label=k, value=v) for k, v in plan.labels.items()]
+        + ([docker.ContainerLabelArgs(label="kimipd.rank0-container", value=follows.id)]
+           if follows is not None else []),
         network_mode="host",
         ipc_mode="host",
         restart=plan.restart,
@@ -46,8 +49,7 @@ def node_container(plan: ContainerPlan, node: Node, *, depends_on: Sequence[pulu
         must_run=True,
         opts=pulumi.ResourceOptions(
             parent=parent, provider=node.provider, depends_on=[*node.ready, *depends_on],
-            replace_on_changes=["mustRun"], replace_with=list(replace_with) or None,
-            aliases=list(aliases) or None,
+            replace_on_changes=["mustRun"], aliases=list(aliases) or None,
             # Fixed container names and host-network ports: a replacement cannot start beside
             # the container it replaces, so the old one goes first, for every role.
             delete_before_replace=True),

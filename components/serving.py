@@ -40,8 +40,7 @@ class ServingGroup(pulumi.ComponentResource):
         rank0 = rank_container(plans[0])
         # When a rank dies its group dies (NCCL abort, then rank 0's watchdog); whatever replaces
         # rank 0 replaces every rank, so the group restarts whole and is gated again.
-        self.containers = [rank0] + [rank_container(plan, replace_with=[rank0])
-                                     for plan in plans[1:]]
+        self.containers = [rank0] + [rank_container(plan, follows=rank0) for plan in plans[1:]]
         self.gate = HealthGate(f"{name}-ready", cfg, nodes, plans, self.containers,
                                opts=pulumi.ResourceOptions(parent=self))
         # A prefill group's rank 0 bootstrap server answering: what decode waits for when the

@@ -101,8 +101,14 @@ def _envs(value: Any) -> dict[str, str]:
     return dict(item.split("=", 1) for item in value or [] if isinstance(item, str) and "=" in item)
 
 
+# Rank 0's container id on ranks >= 1: it changes exactly when rank 0 is replaced, which the
+# review already lists, so it is not shown as a change of its own.
+FOLLOWS_RANK0 = "kimipd.rank0-container"
+
+
 def _labels(value: Any) -> dict[str, str]:
-    return {item["label"]: item["value"] for item in value or [] if isinstance(item, dict)}
+    return {item["label"]: item["value"] for item in value or []
+            if isinstance(item, dict) and item.get("label") != FOLLOWS_RANK0}
 
 
 def input_changes(type_: str, old: dict[str, Any], new: dict[str, Any]) -> list[InputChange]:

@@ -277,9 +277,16 @@ def test_a_stopped_container_is_replaced_and_a_group_restarts_whole(run: Run) ->
         assert container.delete_before_replace, role  # fixed names and ports
     for group in ("prefill", "decode"):
         rank0 = containers[f"{group}-r0"]
-        assert rank0.replace_with == []
+        assert "kimipd.rank0-container" not in labels_of(rank0)
         for rank in range(1, 4):
-            assert containers[f"{group}-r{rank}"].replace_with == [rank0.urn], (group, rank)
+            rank_n = containers[f"{group}-r{rank}"]
+            # rank 0's id (the mocks' "<name>-id"): a new rank 0 is a new label here.
+            assert labels_of(rank_n)["kimipd.rank0-container"] == f"{rank0.name}-id", (group, rank)
+            assert rank0.urn in rank_n.dependencies
+
+
+def labels_of(container) -> dict[str, str]:
+    return {label["label"]: label["value"] for label in container.inputs["labels"]}
 
 
 def test_rank_containers_are_named_by_node_and_mode_with_their_role_as_alias(run: Run) -> None:
