@@ -4,6 +4,11 @@ the engine's events and of the nodes' containers."""
 from __future__ import annotations
 
 import copy
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -95,3 +100,38 @@ def container_ids(sim: SimCluster) -> dict[str, str]:
                 name, cid, state = line.split()
                 ids[name] = f"{cid} {state}"
     return ids
+
+
+ROUTER = "http://10.231.60.5:31000"
+
+
+def generate_loop(stop: threading.Event, results: list[int], limit: int = 2000) -> None:
+    body = json.dumps({"text": "load", "sampling_params": {"max_new_tokens": 4}}).encode()
+    while not stop.is_set() and len(results) < limit:
+        request = urllib.request.Request(ROUTER + "/generate", data=body,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                results.append(response.status)
+        except urllib.error.HTTPError as failure:
+            results.append(failure.code)
+        except OSError:
+            results.append(0)
+        time.sleep(0.05)
+
+
+def up_under_load(stack: auto.Stack, what: str) -> tuple[Events, list[int]]:
+    """`up` while a client sends small /generate requests through the router, one at a time;
+    prints and returns what each got (HTTP status, 0: no answer)."""
+    stop, results = threading.Event(), []
+    loader = threading.Thread(target=generate_loop, args=(stop, results), daemon=True)
+    loader.start()
+    started = time.monotonic()
+    events = Events()
+    stack.up(on_event=events)
+    stop.set()
+    loader.join(30)
+    failed = sum(1 for status in results if status != 200)
+    print(f"{what}: {len(results)} requests in {time.monotonic() - started:.0f}s, "
+          f"{failed} failed")
+    return events, results

@@ -3,13 +3,10 @@ converging `pulumi up` whose smoke test passes. Tests run in file order on one s
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,12 +16,10 @@ from pulumi import automation as auto
 from sim.automation import Project
 from tests.integration.engine import (  # noqa: F401 - fixtures
     DECODE_RANKS, NODES, PREFILL_RANKS, Events, container_ids, env, new_stack, project, sim,
-    sim_values)
+    sim_values, up_under_load)
 from tests.integration.sim import SimCluster, restart_sim
 
 pytestmark = pytest.mark.timeout(1800)
-
-ROUTER = "http://10.231.60.5:31000"
 
 
 @pytest.fixture(scope="module")
@@ -189,21 +184,6 @@ def test_a_second_up_on_the_same_stack_is_refused_by_the_lock(
     all_running(sim)
 
 
-def generate_loop(stop: threading.Event, results: list[int], limit: int = 2000) -> None:
-    body = json.dumps({"text": "load", "sampling_params": {"max_new_tokens": 4}}).encode()
-    while not stop.is_set() and len(results) < limit:
-        request = urllib.request.Request(ROUTER + "/generate", data=body,
-                                         headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=10) as response:
-                results.append(response.status)
-        except urllib.error.HTTPError as failure:
-            results.append(failure.code)
-        except OSError:
-            results.append(0)
-        time.sleep(0.05)
-
-
 def test_requests_during_a_router_only_change(stack: auto.Stack, project: Project,
                                               sim: SimCluster) -> None:
     """A bounded load through the real router while `up` replaces only the router: the figure
@@ -211,17 +191,8 @@ def test_requests_during_a_router_only_change(stack: auto.Stack, project: Projec
     values = sim_values(sim)
     values["router"]["extraArgs"] = ["--request-timeout-secs", "600"]
     project.update_stack("faults", {"router": values["router"]})
-    stop, results = threading.Event(), []
-    loader = threading.Thread(target=generate_loop, args=(stop, results), daemon=True)
-    loader.start()
-    started = time.monotonic()
-    events = Events()
-    stack.up(on_event=events)
-    stop.set()
-    loader.join(30)
+    events, results = up_under_load(stack, "router-only change")
     failed = sum(1 for status in results if status != 200)
-    print(f"router-only change: {len(results)} requests in {time.monotonic() - started:.0f}s, "
-          f"{failed} failed")
     assert {"router", "router-health", "smoke-test-generate"} <= events.changed()
     assert not events.changed() & {*PREFILL_RANKS, *DECODE_RANKS}
     assert not {name for name in events.changed() if "prefill-r" in name or "decode-r" in name}

@@ -10,7 +10,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -24,14 +23,12 @@ from ops.cli import main as kimipd
 from sim.automation import Project
 from tests.conftest import stack_values
 from tests.integration.engine import (  # noqa: F401 - fixtures
-    CONTAINER, DECODE_RANKS, NODES, PREFILL_RANKS, Events, container_ids, env, new_stack, project,
-    sim, sim_values)
+    CONTAINER, DECODE_RANKS, PREFILL_RANKS, ROUTER, Events, container_ids, env, new_stack,
+    project, sim, sim_values, up_under_load)
 from tests.integration.sim import SimCluster
-from tests.integration.test_faults import generate_loop
 
 pytestmark = pytest.mark.timeout(1800)
 
-ROUTER = "http://10.231.60.5:31000"
 GROUPS_2P2D = ["prefill-a", "prefill-b", "decode-a", "decode-b"]
 
 
@@ -206,17 +203,8 @@ def test_restarting_one_decode_group_leaves_every_other_container_alone(
     groups = two_by_two()["groups"]
     groups["decode-b"]["restartGeneration"] = 1
     project.update_stack("xpyd", {"groups": groups})
-    stop, results = threading.Event(), []
-    loader = threading.Thread(target=generate_loop, args=(stop, results), daemon=True)
-    loader.start()
-    started = time.monotonic()
-    events = Events()
-    stack.up(on_event=events)
-    stop.set()
-    loader.join(30)
+    events, results = up_under_load(stack, "decode-b restart through MiniLB")
     failed = sum(1 for status in results if status != 200)
-    print(f"decode-b restart: {len(results)} requests through MiniLB in "
-          f"{time.monotonic() - started:.0f}s, {failed} failed")
     restarted = {"node-10-231-60-7-decode", "node-10-231-60-8-decode"}
     assert {name for name in events.changed() if name.startswith("node-")} == restarted
     assert events.changed() - restarted == {"decode-b-r0-health", "decode-b-r1-health",
