@@ -100,7 +100,9 @@ def render(preview: dict[str, Any]) -> str:
                  "(dependencies; deletions run dependents first).")
     lines.append("")
     for number, wave in enumerate(order(found), start=1):
-        items = ", ".join(f"{VERBS[c.op]} {c.name}" + (f" ({c.node})" if c.node != CLUSTER else "")
+        # A container by its role (decode-r0): its resource is named by node and mode.
+        items = ", ".join(f"{VERBS[c.op]} {c.role if c.is_container else c.name}"
+                          + (f" ({c.node})" if c.node != CLUSTER else "")
                           for c in sorted(wave, key=lambda c: (_node_key(c.node), c.name)))
         lines.append(f"{number}. {items}")
     return "\n".join(lines) + "\n"
