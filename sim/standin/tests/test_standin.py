@@ -730,8 +730,14 @@ def paced_pd(launcher):
     return router, url, pg
 
 
-def within(measured: float, expected: float, fraction: float = 0.1) -> bool:
-    return abs(measured - expected) <= fraction * expected
+# What the router hop, HTTP and a busy 2-core CI machine may add to a simulated duration.
+OVERHEAD_SECONDS = 0.35
+
+
+def paced(measured: float, simulated: float) -> bool:
+    """Never faster than the simulated time (it is a floor), and no slower than it plus the
+    overhead of the path: a broken pacing (instant, doubled) fails either way."""
+    return 0.95 * simulated <= measured <= simulated + OVERHEAD_SECONDS
 
 
 @needs_router
@@ -755,8 +761,8 @@ def test_streaming_through_mini_lb_paces_prefill_and_decode(paced_pd):
     assert [m["finish_reason"] for m in metas[:-1]] == [None] * 49
     assert metas[-1]["finish_reason"] == {"type": "length", "length": 50}
     ttft, e2e = chunks[0][0], chunks[-1][0]
-    assert within(1000 / ttft, 2000), f"prefill {1000 / ttft:.0f} tokens/s, configured 2000"
-    assert within(49 / (e2e - ttft), 100), f"decode {49 / (e2e - ttft):.1f} tokens/s, configured 100"
+    assert paced(ttft, 1000 / 2000), f"prefill {1000 / ttft:.0f} tokens/s, configured 2000"
+    assert paced(e2e - ttft, 49 / 100), f"decode {49 / (e2e - ttft):.1f} tokens/s, configured 100"
 
 
 @needs_router
@@ -772,7 +778,7 @@ def test_non_streaming_answer_takes_prefill_plus_decode_time(paced_pd):
     out = json.loads(text)
     assert out["meta_info"]["prompt_tokens"] == 3000
     assert out["meta_info"]["completion_tokens"] == 31 and len(out["text"].split()) == 31
-    assert within(elapsed, 3000 / 2000 + 30 / 100), f"{elapsed:.2f}s"
+    assert paced(elapsed, 3000 / 2000 + 30 / 100), f"{elapsed:.2f}s"
     # 1.5 s of prefill: longer than decode's KV wait (0.3 s) and the bootstrap server's long
     # poll (1 s), which answered 202 (still prefilling) before the KV
     assert any('"GET /kv/' in line and '" 202' in line
