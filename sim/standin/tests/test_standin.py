@@ -545,6 +545,8 @@ def test_rank1_dummy_health_server_after_load_and_registration(launcher):
     assert "Load weight end" not in p1.output()
     assert health(rank1) == -1  # loading: nothing listens on rank 1's --host:--port yet
     wait_for(lambda: health(rank1) == 200, 15, "rank 1 dummy health")
+    # The server answers as soon as it is bound; its log line follows a moment later.
+    wait_for(lambda: "Dummy health check server" in p1.output(), 5, "rank 1's log line")
     out = p1.output()
     assert out.index("Load weight end") < out.index("registered node rank 1 with")
     assert out.index("registered node rank 1 with") < out.index("Dummy health check server")
