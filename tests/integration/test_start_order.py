@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from pulumi import automation as auto
 
+from bench.sim_bench import docker_time as docker_seconds
 from sim.automation import Project
 from tests.conftest import REPO, stack_values
 from tests.integration.engine import (  # noqa: F401 - fixtures
@@ -62,13 +63,8 @@ def values_for(sim: SimCluster, wheel: Path, order: str) -> dict:
 
 
 def docker_time(text: str) -> datetime:
-    """docker's RFC 3339 time with nanoseconds -> an aware datetime (microseconds)."""
-    stamp = text.strip().replace("Z", "+00:00")
-    if "." in stamp:
-        head, tail = stamp.split(".", 1)
-        digits = tail[:tail.index("+")]
-        stamp = f"{head}.{digits[:6].ljust(6, '0')}{tail[len(digits):]}"
-    return datetime.fromisoformat(stamp).astimezone(timezone.utc)
+    """docker's RFC 3339 time with nanoseconds -> an aware datetime (the bench's parser)."""
+    return datetime.fromtimestamp(docker_seconds(text), timezone.utc)
 
 
 def created(sim: SimCluster, node: str, container: str) -> datetime:
