@@ -29,7 +29,7 @@ log_tail() {
   docker logs --tail 100 "${container}" 2>&1 | sed 's/^/  | /' >&2
 }
 
-start=${SECONDS}
+start=${SECONDS} reported_code="" reported_at=0
 while true; do
   code=$(curl --silent --output /dev/null --write-out '%{http_code}' --max-time 10 "${url}")
   elapsed=$((SECONDS - start))
@@ -56,6 +56,11 @@ while true; do
     log_tail
     exit 1
   fi
-  echo "${container}: waiting for ${url}: HTTP ${code}, ${elapsed}s of ${timeout}s"
+  # One line when the answer changes and every 30 s: polls come every second or faster, and the
+  # command's output is kept in the stack's state.
+  if [[ "${code}" != "${reported_code}" ]] || ((elapsed - reported_at >= 30)); then
+    echo "${container}: waiting for ${url}: HTTP ${code}, ${elapsed}s of ${timeout}s"
+    reported_code=${code} reported_at=${elapsed}
+  fi
   sleep "${interval}"
 done

@@ -405,7 +405,9 @@ class PreflightSpec(_Model):
 
 class GatesSpec(_Model):
     timeout_seconds: int = Field(default=1800, ge=1)
-    interval_seconds: int = Field(default=10, ge=1)
+    # Each poll is one local HTTP GET and one `docker inspect` on the node, and a gate sits on
+    # the critical path up to one interval late: poll often (docs/decisions.md).
+    interval_seconds: float = Field(default=1.0, ge=0.1, le=60)
 
 
 class SmokeTestSpec(_Model):

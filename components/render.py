@@ -260,7 +260,7 @@ def wait_healthy_command(cfg: ClusterConfig, plan: ContainerPlan) -> str:
         "--container", plan.name,
         "--node", plan.node,
         "--timeout", str(cfg.gates.timeout_seconds),
-        "--interval", str(cfg.gates.interval_seconds),
+        "--interval", f"{cfg.gates.interval_seconds:g}",
     ])
 
 
@@ -270,8 +270,8 @@ def bootstrap_url(group: GroupSpec) -> str:
 
 
 # The bootstrap gate's poll: decode's whole start waits on it, and each poll is one local HTTP
-# connect and one `docker inspect` on the node, so it polls faster than gates.intervalSeconds.
-BOOTSTRAP_POLL_SECONDS = "0.5"
+# connect and one `docker inspect` on the node, so it polls at least this often.
+BOOTSTRAP_POLL_SECONDS = 0.5
 
 
 def wait_bootstrap_command(cfg: ClusterConfig, group_name: str) -> str:
@@ -289,7 +289,7 @@ def wait_bootstrap_command(cfg: ClusterConfig, group_name: str) -> str:
         "--container", container_name(role),
         "--node", group.rank0,
         "--timeout", str(cfg.gates.timeout_seconds),
-        "--interval", BOOTSTRAP_POLL_SECONDS,
+        "--interval", f"{min(cfg.gates.interval_seconds, BOOTSTRAP_POLL_SECONDS):g}",
     ])
 
 

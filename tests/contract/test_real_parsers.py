@@ -38,12 +38,21 @@ def real_python() -> Path:
     return python
 
 
-def real_parse(python: Path, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def real_parse(python: Path, requests: list[dict[str, Any]],
+               imports: str = "lean") -> list[dict[str, Any]]:
     # cwd outside the repo: the stand-in's `sglang` shim must not shadow the real package.
     result = subprocess.run([str(python), str(UPSTREAM), "parse-many"], cwd="/tmp",
                             input=json.dumps(requests), capture_output=True, text=True,
-                            timeout=300, check=True)
+                            timeout=300, check=True,
+                            env={**os.environ, "SGLANG_STANDIN_PARSER_IMPORTS": imports})
     return json.loads(result.stdout)
+
+
+def real_options(python: Path, flag: list[str], imports: str = "lean") -> dict[str, Any]:
+    return json.loads(subprocess.run(
+        [str(python), str(UPSTREAM), "options", *flag], cwd="/tmp", capture_output=True,
+        text=True, timeout=300, check=True,
+        env={**os.environ, "SGLANG_STANDIN_PARSER_IMPORTS": imports}).stdout)
 
 
 def edited_stacks() -> dict[str, ClusterConfig]:
@@ -155,9 +164,7 @@ def test_a_wrong_flag_or_value_fails_the_contract(real_python: Path) -> None:
 def test_option_tables_match_the_real_parsers(real_python: Path) -> None:
     """components/cli_tables/ (what preview validates extraArgs with) is the real parsers' own."""
     for table, flag in ((sglang_table(), []), (router_table(), ["--router"])):
-        dump = json.loads(subprocess.run(
-            [str(real_python), str(UPSTREAM), "options", *flag], cwd="/tmp",
-            capture_output=True, text=True, timeout=300, check=True).stdout)
+        dump = real_options(real_python, flag)
         real = {tuple(o["options"]): o for o in dump["options"]}
         committed = {option.options: option for option in table.options}
         assert set(real) == set(committed), (
@@ -170,6 +177,22 @@ def test_option_tables_match_the_real_parsers(real_python: Path) -> None:
                    "choices": list(option.choices) if option.choices is not None else None,
                    "type": option.type}
             assert got == {key: want[key] for key in got}, f"{table.label} {options[0]}"
+
+
+def test_lean_imports_change_nothing_the_parser_does(real_python: Path) -> None:
+    """The stand-in and these tests stub modules the parser never uses, even where installed.
+
+    With them imported for real (`full`), SGLang's option table and its verdict on every argv
+    here, the broken ones included, must be the same.
+    """
+    for flag in ([], ["--router"]):
+        assert real_options(real_python, flag, "lean") == real_options(real_python, flag, "full")
+    requests = [request for cfg in STACKS.values() for request in rendered_requests(cfg)]
+    requests += [{"kind": "server", "argv": ["--model-path", "/m", *extra]}
+                 for extra in EXTRA_ARGS_CORPUS]
+    lean, full = real_parse(real_python, requests, "lean"), real_parse(real_python, requests, "full")
+    assert len(lean) == len(requests) > 40
+    assert lean == full
 
 
 # extraArgs an operator might write: preview's verdict must be the real parser's.

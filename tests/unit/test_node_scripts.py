@@ -297,6 +297,16 @@ def test_gate_passes_once_healthy(health_server, tmp_path: Path) -> None:
     assert "waiting for" in result.stdout and "kimipd-decode-r0: healthy after" in result.stdout
 
 
+def test_gate_reports_a_changed_answer_not_every_poll(health_server, tmp_path: Path) -> None:
+    url, codes = health_server
+    codes[:] = [503] * 12 + [404] * 3 + [200]
+    result = bash("wait-healthy.sh", "--url", url, "--container", "kimipd-decode-r0",
+                  "--timeout", "30", "--interval", "0.1", env=fake_docker(tmp_path, "running (exit code 0)"))
+    assert result.returncode == 0, result.stderr
+    waiting = [line for line in result.stdout.splitlines() if "waiting for" in line]
+    assert [line.split("HTTP ")[1].split(",")[0] for line in waiting] == ["503", "404"], result.stdout
+
+
 def test_gate_fails_fast_with_the_log_tail_when_the_container_exits(health_server, tmp_path: Path) -> None:
     url, _ = health_server
     result = bash("wait-healthy.sh", "--url", url, "--container", "kimipd-prefill-r2",

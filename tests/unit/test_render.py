@@ -237,7 +237,7 @@ def test_gate_line(pro6000: dict) -> None:
     argv = shlex.split(wait_healthy_command(config, sglang_rank_plan(config, "decode", 2)))
     assert argv == ["bash", "/opt/kimipd/wait-healthy.sh", "--url",
                     "http://174.1.60.7:30000/health", "--container", "kimipd-decode-r2",
-                    "--node", "174.1.60.7", "--timeout", "1800", "--interval", "10"]
+                    "--node", "174.1.60.7", "--timeout", "1800", "--interval", "1"]
 
 
 def test_smoke_test_posts_the_runbook_body(pro6000: dict) -> None:
