@@ -35,7 +35,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="the stand-in's model load time, prefill and decode (default 20)")
     parser.add_argument("--parallel", type=int, default=None,
                         help="the engine's --parallel (default: the engine's own default)")
-    parser.add_argument("--gate-interval", type=int, default=None,
+    parser.add_argument("--gate-interval", type=float, default=None,
                         help="gates.intervalSeconds (default: Pulumi.sim.yaml's)")
     parser.add_argument("--orders", default="sequential,overlapped",
                         help="B1's start orders (default both)")
