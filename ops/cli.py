@@ -1,4 +1,4 @@
-"""The command line: `scripts/kimipd [-s STACK] {status,logs,verify,targets} ...`."""
+"""The command line: `scripts/kimipd [-s STACK] {status,logs,verify,targets,orphans} ...`."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from rich.live import Live
 
 from . import DEGRADED, DOWN, OK
 from . import logs as logs_command
+from . import orphans as orphans_command
 from . import status as status_command
 from . import verify as verify_command
 from .probe import VIA_CHOICES, Prober
@@ -40,6 +41,7 @@ def _common(parser: argparse.ArgumentParser, suppress: bool) -> None:
     # `pulumi config --json` (or {key: value}) as files.
     parser.add_argument("--outputs-json", type=Path, default=default(None), help=argparse.SUPPRESS)
     parser.add_argument("--config-json", type=Path, default=default(None), help=argparse.SUPPRESS)
+    parser.add_argument("--state-json", type=Path, default=default(None), help=argparse.SUPPRESS)
 
 
 def _positive(value: str) -> float:
@@ -132,6 +134,25 @@ def build_parser() -> argparse.ArgumentParser:
     _common(targets, suppress=True)
     targets.add_argument("--out", type=Path, required=True, metavar="FILE",
                          help="the file_sd file to write, e.g. /etc/prometheus/kimipd.json")
+
+    orphans = commands.add_parser(
+        "orphans", help="kimipd containers the stack's state does not know (after a killed up)",
+        description="Lists, over SSH on every node of the stack, the containers labelled "
+                    "kimipd.role whose id `pulumi stack export` does not record (a pulumi "
+                    "process killed mid-up leaves them; the next up fails with 'name already "
+                    "in use'), and every container of their SGLang groups (a rank left alone "
+                    "would wait for a group that no longer exists). --remove removes them "
+                    "(docker rm -f); then `pulumi refresh --clear-pending-creates` and "
+                    "`pulumi up` start those groups whole.",
+        epilog=f"exit codes: {OK} none found (or all removed), {DEGRADED} found and not removed, "
+               f"a node not reached or a removal failed, {DOWN} the stack cannot be read")
+    _common(orphans, suppress=True)
+    orphans.add_argument("--remove", action="store_true",
+                         help="remove them (docker rm -f), each on its node")
+    orphans.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    orphans.add_argument("--timeout", type=_positive, default=30.0, metavar="SECONDS",
+                         help="per command on a node (default 30)")
+    orphans.set_defaults(func=run_orphans)
     return parser
 
 
@@ -221,6 +242,40 @@ def run_verify(args: argparse.Namespace, stack: Stack, transport: Transport) -> 
     else:
         console().print(verify_command.render(report))
     return report.exit_code
+
+
+def run_orphans(args: argparse.Namespace, stack: Stack, transport: Transport) -> int:
+    try:
+        export = (json.loads(Path(args.state_json).read_text()) if args.state_json
+                  else PulumiCli(args.stack, args.cwd).export())
+    except (StackError, OSError, json.JSONDecodeError) as error:
+        print(f"kimipd: the stack's state cannot be read: {error}", file=sys.stderr)
+        return DOWN
+    known = orphans_command.known_container_ids(export)
+    # The config's nodes too: a killed first `up` leaves no outputs to name them.
+    nodes = sorted({*stack.access.nodes, *stack.topology.nodes})
+    scanned = orphans_command.scan(nodes, transport, args.timeout)
+    findings = orphans_command.find_orphans(scanned.containers, known, stack.roles)
+    failures = (orphans_command.remove(findings, transport, args.timeout)
+                if args.remove and findings else {})
+    if args.json:
+        print(json.dumps(orphans_command.as_json(findings, scanned, args.remove, failures),
+                         indent=2))
+    else:
+        if findings:
+            console().print(orphans_command.render(findings, scanned, stack.topology.stack))
+        else:
+            print(f"stack {stack.topology.stack}: no orphans among "
+                  f"{len(scanned.containers)} kimipd container(s) on {len(nodes)} node(s)")
+        for node, error in {**scanned.unreachable, **failures}.items():
+            print(f"{node}: {error}", file=sys.stderr)
+        if findings and args.remove and not failures:
+            print(f"removed {len(findings)} container(s); {orphans_command.NEXT_STEPS}")
+        elif findings and not args.remove:
+            print(f"kimipd orphans --remove removes them; {orphans_command.NEXT_STEPS}")
+    if scanned.unreachable or failures or (findings and not args.remove):
+        return DEGRADED
+    return OK
 
 
 def run_targets(args: argparse.Namespace) -> int:

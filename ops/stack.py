@@ -130,6 +130,8 @@ class Stack:
     topology: Topology
     access: Access
     verification: VerificationSpec
+    # Every container role the config defines (its groups' ranks, mc-master, router).
+    roles: frozenset[str] = frozenset()
 
 
 def _pulumi_entry(entry: Any) -> bool:
@@ -176,6 +178,13 @@ def access_from_config(values: Mapping[str, Any], private_key: str | None = None
                   nodes={node.address: node for node in nodes}, private_key=private_key)
 
 
+def roles_from_config(values: Mapping[str, Any]) -> frozenset[str]:
+    groups = values.get("groups") or {}
+    return frozenset({MOONCAKE_MASTER, ROUTER} | {
+        rank_role(name, rank) for name, group in groups.items() if isinstance(group, Mapping)
+        for rank in range(len(group.get("nodes") or []))})
+
+
 def verification_from_config(values: Mapping[str, Any]) -> VerificationSpec:
     try:
         return VerificationSpec.model_validate(values.get("verification") or {})
@@ -218,6 +227,10 @@ class PulumiCli:
         return json.loads(self._run("stack", "output", "--json", "--show-secrets=false").stdout
                           or "{}")
 
+    def export(self) -> dict[str, Any]:
+        """The state as `pulumi stack export` prints it (secrets stay encrypted)."""
+        return json.loads(self._run("stack", "export").stdout or "{}")
+
     def config(self) -> dict[str, Any]:
         return json.loads(self._run("config", "--json").stdout or "{}")
 
@@ -252,4 +265,5 @@ def load_stack(stack: str | None, cwd: Path = REPO, outputs_file: Path | None = 
     values = config_values(raw_config)
     return Stack(topology=Topology.from_outputs(name, outputs),
                  access=access_from_config(values, private_key),
-                 verification=verification_from_config(values))
+                 verification=verification_from_config(values),
+                 roles=roles_from_config(values))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import subprocess
 import threading
 import time
 import urllib.error
@@ -16,7 +18,7 @@ import pytest
 from pulumi import automation as auto
 
 from sim.automation import REQUIRED_PLUGINS, Project, engine_env, installed_plugins
-from tests.conftest import stack_values
+from tests.conftest import REPO, stack_values
 from tests.integration.sim import SimCluster, start_sim, stop_sim
 
 NODES = [f"10.231.60.{i}" for i in range(1, 9)]
@@ -88,6 +90,19 @@ class Events:
             if p == phase and o == op and urn.endswith("::" + name) and type_ in urn:
                 return i
         raise AssertionError(f"no {phase} {op} event for {name}: {self.steps}")
+
+
+def kimipd(project: Project, stack_name: str, *args: str,
+           timeout: float = 600) -> subprocess.CompletedProcess:
+    """scripts/kimipd as the operator runs it; the backend from the environment, as pulumi's."""
+    result = subprocess.run(
+        [str(REPO / "scripts" / "kimipd"), "-s", stack_name, "--cwd", str(project.directory),
+         *args], capture_output=True, text=True, timeout=timeout,
+        env=os.environ | project.env | {"COLUMNS": "200"})
+    # what the operator sees (docs/day-two.md shows these)
+    print(f"\n$ scripts/kimipd -s {stack_name} {' '.join(args)}\n{result.stdout}{result.stderr}"
+          f"[exit {result.returncode}]")
+    return result
 
 
 def container_ids(sim: SimCluster) -> dict[str, str]:

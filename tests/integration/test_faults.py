@@ -3,6 +3,7 @@ converging `pulumi up` whose smoke test passes. Tests run in file order on one s
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -15,8 +16,8 @@ from pulumi import automation as auto
 
 from sim.automation import Project
 from tests.integration.engine import (  # noqa: F401 - fixtures
-    DECODE_RANKS, NODES, PREFILL_RANKS, Events, container_ids, env, new_stack, project, sim,
-    sim_values, up_under_load)
+    DECODE_RANKS, NODES, PREFILL_RANKS, Events, container_ids, env, kimipd, new_stack, project,
+    sim, sim_values, up_under_load)
 from tests.integration.sim import SimCluster, restart_sim
 
 pytestmark = pytest.mark.timeout(1800)
@@ -48,9 +49,26 @@ def state_container_ids(stack: auto.Stack) -> set[str]:
             if resource.get("type") == "docker:index/container:Container"}
 
 
-def remove_everywhere(sim: SimCluster, name: str) -> None:
-    for node in NODES:
-        sim.docker(node, "rm", "-f", name)
+def orphans_found_and_removed(project: Project, stack: auto.Stack, sim: SimCluster) -> set[str]:
+    """`scripts/kimipd orphans`: its verdict against this test's own reading of the state and
+    the nodes, then `--remove`, then a clean bill. Returns the containers it removed."""
+    known = state_container_ids(stack)
+    unknown = {name for name, id_state in container_ids(sim).items()
+               if not any(full.startswith(id_state.split()[0]) for full in known)}
+    listing = kimipd(project, "faults", "orphans", "--json")
+    report = json.loads(listing.stdout)
+    assert {o["container"] for o in report["orphans"]
+            if o["reason"] == "not in the stack's state"} == unknown
+    # Each orphan's group goes whole: every rank of it on the nodes is listed.
+    groups = {o["group"] for o in report["orphans"] if o["group"]}
+    assert {o["container"] for o in report["orphans"] if o["group"]} == {
+        name for name in container_ids(sim) if name.rsplit("-r", 1)[0][len("kimipd-"):] in groups}
+    assert listing.returncode == (1 if unknown else 0)
+    assert kimipd(project, "faults", "orphans", "--remove").returncode == 0
+    listed = {o["container"] for o in report["orphans"]}
+    assert not listed & set(container_ids(sim))
+    assert kimipd(project, "faults", "orphans").returncode == 0
+    return listed
 
 
 def pulumi_children() -> list[int]:
@@ -159,15 +177,30 @@ def test_up_interrupted_while_a_gate_waits_recovers(stack: auto.Stack, project: 
         # Containers the killed run had created are not in the state; with fixed names the next
         # create would collide with them. Their group goes whole (a rank the state knows would
         # be left alone and hang): README, troubleshooting.
-        known = state_container_ids(stack)
-        orphans = [name for name, id_state in container_ids(sim).items()
-                   if not any(full.startswith(id_state.split()[0]) for full in known)]
-        groups = {name.rsplit("-r", 1)[0] if name.rsplit("-r", 1)[-1].isdigit() else name
-                  for name in orphans}
-        for name in container_ids(sim):
-            if (name.rsplit("-r", 1)[0] if name.rsplit("-r", 1)[-1].isdigit() else name) in groups:
-                remove_everywhere(sim, name)
+        orphans_found_and_removed(project, stack, sim)
         stack.refresh(clear_pending_creates=True)
+    converges(stack)
+    all_running(sim)
+
+
+def test_a_container_the_state_does_not_know_is_removed_with_its_group(
+        stack: auto.Stack, project: Project, sim: SimCluster) -> None:
+    """What a killed `up` can leave, made on purpose: decode-r2 replaced behind the state's back
+    by a container of the same name. `refresh` would drop the state's decode-r2 and `up` collide
+    with the name; `kimipd orphans --remove` takes the whole decode group, and `up` restarts it."""
+    node = NODES[6]
+    image = sim.docker(node, "inspect", "--format", "{{.Config.Image}}",
+                       "kimipd-decode-r2").stdout.strip()
+    sim.docker(node, "rm", "-f", "kimipd-decode-r2")
+    sim.docker(node, "run", "-d", "--name", "kimipd-decode-r2", "--network", "none",
+               "--label", "kimipd.role=decode-r2", "--label", "kimipd.group=decode",
+               "--entrypoint", "sleep", image, "600")
+    before = container_ids(sim)
+    assert orphans_found_and_removed(project, stack, sim) == {
+        f"kimipd-decode-r{rank}" for rank in range(4)}
+    after = container_ids(sim)
+    assert {name: before[name] for name in after} == after  # nothing else touched
+    stack.refresh()
     converges(stack)
     all_running(sim)
 

@@ -10,7 +10,6 @@ Run only under the sim lock: `flock -o /tmp/kimipd-sim-tests.lock scripts/test t
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import tarfile
@@ -23,7 +22,7 @@ from pulumi import automation as auto
 from ops.remote import RemoteError, SshTransport, load_private_key
 from ops.stack import Access
 from sim.automation import Project
-from tests.conftest import REPO
+from tests.integration import engine
 from tests.integration.sim import SIM, SimCluster
 # The engine tests' fixtures and helpers (the sim, a project on a file backend, a stack on it).
 from tests.integration.engine import (  # noqa: F401 - fixtures
@@ -61,15 +60,7 @@ def stack(project: Project, sim: SimCluster) -> Iterator[auto.Stack]:
 
 
 def kimipd(project: Project, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """scripts/kimipd as the operator runs it; the backend from the environment, as pulumi's."""
-    result = subprocess.run(
-        [str(REPO / "scripts" / "kimipd"), "-s", STACK, "--cwd", str(project.directory), *args],
-        capture_output=True, text=True, timeout=timeout,
-        env=os.environ | project.env | {"COLUMNS": "200"})
-    # what the operator sees (docs/day-two.md shows these)
-    print(f"\n$ scripts/kimipd -s {STACK} {' '.join(args)}\n{result.stdout}{result.stderr}"
-          f"[exit {result.returncode}]")
-    return result
+    return engine.kimipd(project, STACK, *args, timeout=timeout)
 
 
 def test_status_all_serving(stack: auto.Stack, project: Project, sim: SimCluster) -> None:

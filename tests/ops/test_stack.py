@@ -166,12 +166,12 @@ def test_an_unpinned_node_is_refused(tmp_path: Path) -> None:
         transport.run("127.0.0.1", "true", timeout=1)
 
 
-@pytest.mark.parametrize("command", [[], ["status"], ["logs"], ["verify"]])
+@pytest.mark.parametrize("command", [[], ["status"], ["logs"], ["verify"], ["targets"], ["orphans"]])
 def test_help_on_every_subcommand(command: list[str]) -> None:
     result = subprocess.run([str(REPO / "scripts" / "kimipd"), *command, "--help"],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "usage: kimipd" in result.stdout and "exit codes: 0" in result.stdout
-    assert "--outputs-json" not in result.stdout  # the tests' injection stays hidden
+    assert "--outputs-json" not in result.stdout and "--state-json" not in result.stdout
     if command:
         assert "-s STACK, --stack STACK" in result.stdout
