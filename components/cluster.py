@@ -31,11 +31,8 @@ class Cluster(pulumi.ComponentResource):
         self.nodes = {node.address: Node(cfg, node, private_key, host_keys[node.address], opts=child)
                       for node in cfg.nodes}
         if cfg.install_node_files == "image":
-            # Each build starts once every node has its files: the sim's nodes share one file
-            # system, where another node's copy would rewrite a wheel under a running build.
-            every_copy = [node.assets for node in self.nodes.values()]
             for node in self.nodes.values():
-                node.prepare_image(cfg, node_file_digests, wait_for=every_copy)
+                node.prepare_image(cfg, node_file_digests)
         self.outputs: dict[str, object] = {
             "mooncakeMaster": mooncake_master_address(cfg),
             "serving": cfg.serving,

@@ -14,7 +14,8 @@ import ipaddress
 import json
 import posixpath
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin
@@ -537,28 +538,30 @@ class ClusterConfig(_Model):
             roles.append("router")
         return roles
 
-    def ports_on(self, address: str) -> dict[int, str]:
-        """Every port this node's containers bind (host networking), in order -> the key that
-        sets it. Every rank binds --port (ranks >= 1 SGLang's dummy health server), prefill
-        rank 0 the bootstrap port, rank 0 of a multi-node group dist-init..+7."""
-        ports: dict[int, str] = {}
+    def port_bindings(self) -> Iterator[PortBinding]:
+        """Every port a container binds (host networking: the node's own). Every rank binds
+        --port (ranks >= 1 SGLang's dummy health server), prefill rank 0 the bootstrap port,
+        rank 0 of a multi-node group dist-init..+7."""
         master = self.mooncake_master
-        if master.node == address:
-            ports[master.rpc_port] = "mooncakeMaster.rpcPort"
-            ports[master.metrics_port] = "mooncakeMaster.metricsPort"
+        yield PortBinding(master.node, master.rpc_port, "mooncakeMaster.rpcPort")
+        yield PortBinding(master.node, master.metrics_port, "mooncakeMaster.metricsPort")
         for name, group in self.groups.items():
-            if address not in group.nodes:
-                continue
-            ports[group.http_port] = f"groups.{name}.httpPort"
-            if address == group.rank0 and group.mode == "prefill":
-                ports[group.bootstrap_port] = f"groups.{name}.bootstrapPort"
-            if address == group.rank0 and len(group.nodes) > 1:
+            for address in group.nodes:
+                yield PortBinding(address, group.http_port, f"groups.{name}.httpPort", name)
+            if group.mode == "prefill":
+                yield PortBinding(group.rank0, group.bootstrap_port,
+                                  f"groups.{name}.bootstrapPort", name)
+            if len(group.nodes) > 1:
                 for offset in range(8):
-                    suffix = f"+{offset}" if offset else ""
-                    ports[group.dist_init_port + offset] = f"groups.{name}.distInitPort{suffix}"
-        if self.router.node == address:
-            ports[self.router.port] = "router.port"
-        return dict(sorted(ports.items()))
+                    yield PortBinding(group.rank0, group.dist_init_port + offset,
+                                      f"groups.{name}.distInitPort", name, offset)
+        yield PortBinding(self.router.node, self.router.port, "router.port")
+
+    def ports_on(self, address: str) -> dict[int, str]:
+        """Every port this node's containers bind, in order -> the key that sets it."""
+        return dict(sorted((binding.port, binding.key + (f"+{binding.offset}" if binding.offset
+                                                          else ""))
+                           for binding in self.port_bindings() if binding.node == address))
 
     # -- the runbook's hard rules and the cross-field checks --------------------------------
 
@@ -952,44 +955,38 @@ def _router_policy(cfg: ClusterConfig) -> Iterable[str]:
                "random; set router.kind to 'rust' or remove router.policy.")
 
 
+@dataclass(frozen=True)
+class PortBinding:
+    node: str
+    port: int
+    key: str  # the stack key that sets it
+    group: str | None = None
+    offset: int = 0  # dist-init: the key holds port - offset
+
+
 def _ports_do_not_collide(cfg: ClusterConfig) -> Iterable[str]:
-    """Every listening port a process binds, per node. Every rank binds --port (rank 0 the API,
-    ranks >= 1 SGLang's dummy health server); rank 0 also binds dist-init+1..+7."""
-    bound: dict[tuple[str, int], tuple[str, str | None]] = {}  # -> (key, group)
+    """One port, one process, per node."""
+    bound: dict[tuple[str, int], PortBinding] = {}
     reported: set[tuple[str, str]] = set()
     problems = []
     fix = ("every container uses the node's own network (host networking), so one port, one "
            "process: choose another port.")
-
-    def bind(address: str, port: int, owner: str, group: str | None = None,
-             written: int | None = None) -> None:
-        other, other_group = bound.setdefault((address, port), (owner, group))
-        if other == owner or (owner, other) in reported:
-            return
+    for binding in cfg.port_bindings():
+        other = bound.setdefault((binding.node, binding.port), binding)
+        if other.key == binding.key or (binding.key, other.key) in reported:
+            continue
         # Two groups' ranks on one node are refused as such (_gpus_per_node,
         # _groups_share_no_node_per_mode): the fix is another node, not another port.
-        if group is not None and other_group is not None and group != other_group:
-            return
-        reported.add((owner, other))
-        if written is None or written == port:
-            problems.append(f"{owner}: {port} on {address} is already used by {other}; {fix}")
+        if binding.group is not None and other.group is not None and binding.group != other.group:
+            continue
+        reported.add((binding.key, other.key))
+        used = f"is already used by {other.key}; {fix}"
+        if binding.offset:
+            written = binding.port - binding.offset
+            problems.append(f"{binding.key}: {written} makes rank 0 bind {written}-{written + 7} "
+                            f"on {binding.node}, and {binding.port} {used}")
         else:
-            problems.append(f"{owner}: {written} makes rank 0 bind {written}-{written + 7} on "
-                            f"{address}, and {port} is already used by {other}; {fix}")
-
-    master = cfg.mooncake_master
-    bind(master.node, master.rpc_port, "mooncakeMaster.rpcPort")
-    bind(master.node, master.metrics_port, "mooncakeMaster.metricsPort")
-    for name, group in cfg.groups.items():
-        for address in group.nodes:
-            bind(address, group.http_port, f"groups.{name}.httpPort", name)
-        if group.mode == "prefill":
-            bind(group.rank0, group.bootstrap_port, f"groups.{name}.bootstrapPort", name)
-        if len(group.nodes) > 1:
-            for offset in range(8):
-                bind(group.rank0, group.dist_init_port + offset, f"groups.{name}.distInitPort",
-                     name, group.dist_init_port)
-    bind(cfg.router.node, cfg.router.port, "router.port")
+            problems.append(f"{binding.key}: {binding.port} on {binding.node} {used}")
     return problems
 
 

@@ -94,8 +94,7 @@ class Node(pulumi.ComponentResource):
         self.prepared_image_tag: pulumi.Output[str] | None = None
         self.register_outputs({"imageId": self.image_id, "imageDigest": self.image_digest})
 
-    def prepare_image(self, cfg: ClusterConfig, file_digests: dict[str, str],
-                      wait_for: list[pulumi.Resource]) -> None:
+    def prepare_image(self, cfg: ClusterConfig, file_digests: dict[str, str]) -> None:
         """The base image with the node files installed, built on the node once per change of
         its inputs (the tag is their digest); kept on destroy like the base image."""
         scripts = {script: (ASSETS_DIR / script).read_text() for script in NODE_SCRIPTS}
@@ -108,7 +107,7 @@ class Node(pulumi.ComponentResource):
             create=pulumi.Output.all(self.image_id, self.prepared_image_tag).apply(
                 lambda args: prepare_image_command(cfg, self.address, args[0], args[1], stack,
                                                    file_digests)),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[*self.ready, *wait_for]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(self.ready)),
         )
         self.run_image_id = self.prepared_image.stdout.apply(prepared_image_id)
         self.ready.append(self.prepared_image)
