@@ -291,6 +291,24 @@ def test_bootstrap_gate_line(pro6000: dict) -> None:
                     "--timeout", "1800", "--interval", "0.5"]
 
 
+def test_gate_intervals_take_fractions_and_the_bootstrap_gate_polls_at_least_every_half_second(
+        pro6000: dict) -> None:
+    from components.config import ConfigError
+    from components.render import sglang_rank_plan, wait_bootstrap_command
+
+    def intervals(value: float) -> tuple[str, str]:
+        config = load_cluster_config(pro6000 | {"gates": {"intervalSeconds": value}})
+        health = shlex.split(wait_healthy_command(config, sglang_rank_plan(config, "decode", 0)))
+        bootstrap = shlex.split(wait_bootstrap_command(config, "prefill"))
+        return health[health.index("--interval") + 1], bootstrap[bootstrap.index("--interval") + 1]
+
+    assert intervals(0.25) == ("0.25", "0.25")
+    assert intervals(10) == ("10", "0.5")
+    for wrong in (0, 0.05, 61):
+        with pytest.raises(ConfigError, match="gates.intervalSeconds"):
+            intervals(wrong)
+
+
 def test_start_order_defaults_to_sequential_and_refuses_other_words(pro6000: dict) -> None:
     from components.config import ConfigError
 
