@@ -1,6 +1,6 @@
 """The upstream releases this program is written against, in one place.
 
-The renderers (`render.py`) emit flags for these releases, the contract tests parse every
+The renderers (`render/`) emit flags for these releases, the contract tests parse every
 rendered argv with exactly these releases' own parsers, the option tables in `cli_tables/` were
 dumped from them, and the simulated cluster's image installs them. Upgrading SGLang means changing
 `SGLANG` here, re-dumping the tables (`scripts/dump-cli-tables`) and re-checking the facts listed

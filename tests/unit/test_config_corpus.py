@@ -208,6 +208,9 @@ BAD = [
         "set it to 0 or more"),
     Bad("gate timeout 0", put("gates", "timeoutSeconds", 0), "gates.timeoutSeconds", 0,
         "set it to 1 or more"),
+    Bad("gate interval beyond its timeout",
+        both(put("gates", "timeoutSeconds", 30), put("gates", "intervalSeconds", 45)),
+        "gates.intervalSeconds", 45, "set intervalSeconds to 30 or less"),
     Bad("dial limit 0", put("connection", "dialErrorLimit", 0), "connection.dialErrorLimit", 0,
         "set it to 1 or more"),
     Bad("negative disk floor", put("preflight", "minFreeDiskGb", -5), "preflight.minFreeDiskGb",
@@ -535,6 +538,8 @@ BAD = [
 
 GOOD = [
     Good("pro6000 as written", unchanged),
+    Good("gate interval as long as its timeout",
+         both(put("gates", "timeoutSeconds", 30), put("gates", "intervalSeconds", 30))),
     Good("rust router, round robin", both(put("router", "kind", "rust"),
                                           put("router", "policy", "round_robin"))),
     Good("model carried by the image", both(put("container", "volumes", []),

@@ -1,0 +1,132 @@
+"""ClusterConfig: the whole stack as one validated model, and the views derived from it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from .base import Model
+from .grammars import image_reference_problem
+from .rules import RULES
+from .rules.ports import PortBinding
+from .rules.runbook import MOONCAKE_VERSION
+from .schema import (ConnectionSpec, ContainerSpec, GatesSpec, GroupSpec, MetricsSpec,
+                     ModelSpec, MooncakeMasterSpec, NetworkSpec, NodeFileSpec, NodeSpec,
+                     PreflightSpec, RouterSpec, SmokeTestSpec, VerificationSpec)
+
+
+class ClusterConfig(Model):
+    image: str
+    # The Mooncake version the image itself ships; only consulted when no Mooncake wheel is
+    # among nodeFiles (then the image's own version is what runs).
+    image_mooncake_version: str | None = None
+    model: ModelSpec
+    nodes: list[NodeSpec] = Field(min_length=1)
+    mooncake_master: MooncakeMasterSpec
+    groups: dict[str, GroupSpec] = Field(min_length=1)
+    router: RouterSpec
+    node_files: list[NodeFileSpec] = []
+    network: NetworkSpec = NetworkSpec()
+    container: ContainerSpec = ContainerSpec()
+    preflight: PreflightSpec = PreflightSpec()
+    gates: GatesSpec = GatesSpec()
+    smoke_test: SmokeTestSpec = SmokeTestSpec()
+    connection: ConnectionSpec = ConnectionSpec()
+    verification: VerificationSpec = VerificationSpec()
+    metrics: MetricsSpec = MetricsSpec()
+    # false: keep node preparation (files, image, preflight), remove every container.
+    serving: bool = True
+    # Bumping it replaces every container, in dependency order (the runbook's `restart`).
+    restart_generation: int = Field(default=0, ge=0)
+    # When decode may start. sequential (runbook rule 2 as run): once every prefill group is
+    # healthy. overlapped: once each prefill rank 0's KV bootstrap server answers (SGLang 0.5.19
+    # starts it before the model loads, and decode's start never dials prefill), so the two
+    # loads overlap. Either way the router waits for every group's health gate.
+    start_order: Literal["sequential", "overlapped"] = "sequential"
+    # Where the node files' wheels and patches are installed. image: once per node during
+    # preparation, into a prepared image every container runs (a failed install or patch, or an
+    # old Mooncake, stops preparation before any container changes; containers start in
+    # seconds). container-start: by launch.sh in every container as it starts (the runbook's way).
+    install_node_files: Literal["image", "container-start"] = "image"
+
+    @field_validator("image_mooncake_version", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: str | None) -> str | None:
+        # Pulumi.yaml's default is "" (its schema has no null).
+        return value or None
+
+    @field_validator("image_mooncake_version")
+    @classmethod
+    def _version_form(cls, value: str | None) -> str | None:
+        if value is not None and not MOONCAKE_VERSION.match(value):
+            raise ValueError(f"{value!r} is not a Mooncake version (X.Y.Z or X.Y.Z.postN), so it "
+                             "cannot be compared with the minimum: write it as `pip show "
+                             "mooncake-transfer-engine` prints it, e.g. 0.3.12.post1, or leave it "
+                             "empty")
+        return value
+
+    @field_validator("image")
+    @classmethod
+    def _image_reference(cls, value: str) -> str:
+        # Caught here rather than by `docker pull` on every node once their preparation started.
+        problem = image_reference_problem(value)
+        if problem is not None:
+            raise ValueError(f"{value!r} {problem}, so docker cannot pull it; write "
+                             "[REGISTRY[:PORT]/]REPOSITORY[:TAG][@sha256:DIGEST] in lower case, "
+                             "e.g. lmsysorg/sglang:kimi-k3")
+        return value
+
+    # -- derived views (no component re-derives these) ------------------------------------
+
+    def node(self, address: str) -> NodeSpec:
+        return next(node for node in self.nodes if node.address == address)
+
+    def groups_in_mode(self, mode: str) -> dict[str, GroupSpec]:
+        return {name: group for name, group in self.groups.items() if group.mode == mode}
+
+    def roles_of(self, address: str) -> list[str]:
+        roles = []
+        if self.mooncake_master.node == address:
+            roles.append("mooncake-master")
+        for name, group in self.groups.items():
+            if address in group.nodes:
+                roles.append(f"{name}-r{group.nodes.index(address)}")
+        if self.router.node == address:
+            roles.append("router")
+        return roles
+
+    def port_bindings(self) -> Iterator[PortBinding]:
+        """Every port a container binds (host networking: the node's own). Every rank binds
+        --port (ranks >= 1 SGLang's dummy health server), prefill rank 0 the bootstrap port,
+        rank 0 of a multi-node group dist-init..+7."""
+        master = self.mooncake_master
+        yield PortBinding(master.node, master.rpc_port, "mooncakeMaster.rpcPort")
+        yield PortBinding(master.node, master.metrics_port, "mooncakeMaster.metricsPort")
+        for name, group in self.groups.items():
+            for address in group.nodes:
+                yield PortBinding(address, group.http_port, f"groups.{name}.httpPort", name)
+            if group.mode == "prefill":
+                yield PortBinding(group.rank0, group.bootstrap_port,
+                                  f"groups.{name}.bootstrapPort", name)
+            if len(group.nodes) > 1:
+                for offset in range(8):
+                    yield PortBinding(group.rank0, group.dist_init_port + offset,
+                                      f"groups.{name}.distInitPort", name, offset)
+        yield PortBinding(self.router.node, self.router.port, "router.port")
+
+    def ports_on(self, address: str) -> dict[int, str]:
+        """Every port this node's containers bind, in order -> the key that sets it."""
+        return dict(sorted((binding.port, binding.key + (f"+{binding.offset}" if binding.offset
+                                                          else ""))
+                           for binding in self.port_bindings() if binding.node == address))
+
+    # -- the runbook's hard rules and the cross-field checks --------------------------------
+
+    @model_validator(mode="after")
+    def _check(self) -> ClusterConfig:
+        problems = [problem for rule in RULES for problem in rule(self)]
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self

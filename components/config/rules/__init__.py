@@ -1,0 +1,37 @@
+"""Cross-field rules: each takes the whole ClusterConfig and yields one message per problem.
+
+A message names the key, the value, the reason and the fix. RULES is the order the messages
+are reported in (the model validator of ClusterConfig runs them all and reports every problem).
+"""
+
+from .extra_args import extra_args_parse
+from .files import model_reachable, mount_points_distinct, node_files_distinct
+from .gates import gate_polls_twice
+from .ports import ports_do_not_collide
+from .router import router_policy
+from .runbook import (compute_network_only, mooncake_new_enough, no_expandable_segments,
+                      no_nixl, restart_only_by_the_program)
+from .topology import (both_modes_present, duplicate_nodes, gpus_per_node, group_names,
+                       group_shape, groups_share_no_node_per_mode, unknown_nodes)
+
+RULES = (
+    unknown_nodes,
+    duplicate_nodes,
+    group_names,
+    group_shape,
+    groups_share_no_node_per_mode,
+    gpus_per_node,
+    both_modes_present,
+    model_reachable,
+    mount_points_distinct,
+    restart_only_by_the_program,
+    no_expandable_segments,
+    compute_network_only,
+    no_nixl,
+    extra_args_parse,
+    mooncake_new_enough,
+    router_policy,
+    ports_do_not_collide,
+    node_files_distinct,
+    gate_polls_twice,
+)

@@ -1,0 +1,59 @@
+"""Pure renderers: the typed model in, the exact argv / environment / shell line out.
+
+Nothing here imports Pulumi. What these functions return is what `pulumi preview --diff` shows
+and what runs on a node, so a reviewer reads these files to see exactly what will run. Flags
+target SGLang 0.5.19 (`python/sglang/srt/server_args.py`) and sglang-router 0.3.2. One module per
+thing rendered: `sglang.py`, `router.py` (and the smoke test), `mooncake_master.py`,
+`node_scripts.py` (preflight, gates, image check), `node_files.py` (launch.sh's installs, the
+prepared image), `prometheus.py`; `container_plan.py` is what docker is told about any container
+and `layout.py` where things live on a node.
+"""
+
+from .container_plan import ContainerPlan, container_labels, container_mounts, env_list
+from .layout import MOONCAKE_MASTER, NODE_ASSET_DIR, NODE_SCRIPTS, ROUTER, rank_role
+from .mooncake_master import mooncake_master_address, mooncake_master_command, mooncake_master_plan
+from .node_files import (prepare_dirs_command, prepare_image_command, prepared_image_id,
+                         prepared_image_tag)
+from .node_scripts import (bootstrap_url, docker_ssh_opts, image_env_check_command,
+                           preflight_command, wait_bootstrap_command, wait_healthy_command)
+from .prometheus import prometheus_targets
+from .router import router_command, router_plan, router_url, smoke_test_command, smoke_test_text
+from .sglang import (group_endpoint, sglang_command, sglang_env, sglang_launch_args,
+                     sglang_rank_plan, variables_set_in_every_container)
+
+__all__ = [
+    "MOONCAKE_MASTER",
+    "NODE_ASSET_DIR",
+    "NODE_SCRIPTS",
+    "ROUTER",
+    "ContainerPlan",
+    "bootstrap_url",
+    "container_labels",
+    "container_mounts",
+    "docker_ssh_opts",
+    "env_list",
+    "group_endpoint",
+    "image_env_check_command",
+    "mooncake_master_address",
+    "mooncake_master_command",
+    "mooncake_master_plan",
+    "preflight_command",
+    "prepare_dirs_command",
+    "prepare_image_command",
+    "prepared_image_id",
+    "prepared_image_tag",
+    "prometheus_targets",
+    "rank_role",
+    "router_command",
+    "router_plan",
+    "router_url",
+    "sglang_command",
+    "sglang_env",
+    "sglang_launch_args",
+    "sglang_rank_plan",
+    "smoke_test_command",
+    "smoke_test_text",
+    "variables_set_in_every_container",
+    "wait_bootstrap_command",
+    "wait_healthy_command",
+]

@@ -1,0 +1,31 @@
+"""Where the program's files are on a node, what its containers are called, and how a command
+line becomes one shell line."""
+
+from __future__ import annotations
+
+import shlex
+
+
+# Where the program's own scripts (assets/) land on every node, mounted read-only into containers.
+NODE_ASSET_DIR = "/opt/kimipd"
+LAUNCH_SCRIPT = f"{NODE_ASSET_DIR}/launch.sh"
+WAIT_HEALTHY_SCRIPT = f"{NODE_ASSET_DIR}/wait-healthy.sh"
+SMOKE_TEST_SCRIPT = f"{NODE_ASSET_DIR}/smoke-test.sh"
+# preflight.sh is not among them: it runs from stdin before anything is written to the node.
+NODE_SCRIPTS = ("launch.sh", "mooncake-check.py", "wait-healthy.sh", "smoke-test.sh",
+                "prepare-image.sh")
+PREPARE_IMAGE_SCRIPT = f"{NODE_ASSET_DIR}/prepare-image.sh"
+
+MOONCAKE_MASTER = "mooncake-master"
+ROUTER = "router"
+
+
+def rank_role(group_name: str, rank: int) -> str:
+    return f"{group_name}-r{rank}"
+
+
+def container_name(role: str) -> str:
+    return f"kimipd-{role}"
+
+def shell(argv: list[str]) -> str:
+    return " ".join(shlex.quote(arg) for arg in argv)

@@ -1,0 +1,90 @@
+"""SGLang servers: each rank's argv, environment and container."""
+
+from __future__ import annotations
+
+from ..config import ClusterConfig, GroupSpec
+from .container_plan import ContainerPlan, container_plan
+from .layout import rank_role
+from .node_files import launch_wrapper
+
+
+def sglang_launch_args(cfg: ClusterConfig, group_name: str, rank: int) -> list[str]:
+    """`python3 -m sglang.launch_server ...` for one rank; every rank differs only in --node-rank."""
+    group = cfg.groups[group_name]
+    args = ["python3", "-m", "sglang.launch_server", "--model-path", cfg.model.path]
+    if cfg.model.served_model_name:
+        args += ["--served-model-name", cfg.model.served_model_name]
+    args += [
+        "--trust-remote-code",
+        "--disaggregation-mode", group.mode,
+        "--disaggregation-transfer-backend", group.transfer_backend,
+        "--disaggregation-ib-device", ",".join(cfg.network.rdma_devices),
+        # The bootstrap port must match on all ranks: prefill ranks register with rank 0 on it.
+        "--disaggregation-bootstrap-port", str(group.bootstrap_port),
+        "--tp-size", str(group.tp_size),
+        "--ep-size", str(group.ep_size),
+        "--nnodes", str(len(group.nodes)),
+        "--node-rank", str(rank),
+        "--dist-init-addr", f"{group.rank0}:{group.dist_init_port}",
+        # The bootstrap server binds --host; 127.0.0.1 (SGLang's default) would hide it from decode.
+        "--host", "0.0.0.0",
+        "--port", str(group.http_port),
+    ]
+    if cfg.metrics.enabled:
+        # Rank 0 serves /metrics on --port, ranks >= 1 on their dummy health server.
+        args.append("--enable-metrics")
+    return args + list(group.extra_args)
+
+def sglang_command(cfg: ClusterConfig, group_name: str, rank: int) -> list[str]:
+    return launch_wrapper(cfg) + sglang_launch_args(cfg, group_name, rank)
+
+
+def network_env(cfg: ClusterConfig) -> dict[str, str]:
+    net = cfg.network
+    env = {
+        # Runbook rule 4: collective traffic on the compute network, never bond0.
+        "NCCL_SOCKET_IFNAME": net.nccl_interface,
+        "GLOO_SOCKET_IFNAME": net.gloo_interface,
+        "NCCL_IB_HCA": ",".join(net.rdma_devices),
+    }
+    if net.ib_gid_index is not None:
+        env["NCCL_IB_GID_INDEX"] = str(net.ib_gid_index)
+        env["MC_GID_INDEX"] = str(net.ib_gid_index)
+    return env
+
+
+def sglang_env(cfg: ClusterConfig, group_name: str, rank: int) -> dict[str, str]:
+    group = cfg.groups[group_name]
+    return {
+        # The address KV ZMQ sockets and the Mooncake engine advertise: this node's compute address.
+        "SGLANG_HOST_IP": group.nodes[rank],
+        **network_env(cfg),
+        **cfg.container.env,
+        **group.env,
+    }
+
+
+def health_url(group: GroupSpec, rank: int = 0) -> str:
+    """Rank 0: the API's /health (200 once warmed up). Ranks >= 1: the dummy health server SGLang
+    starts on --host:--port once that rank's model is loaded (engine.py,
+    `launch_dummy_health_check_server`)."""
+    return f"http://{group.nodes[rank]}:{group.http_port}/health"
+
+
+def group_endpoint(group: GroupSpec) -> str:
+    return f"http://{group.rank0}:{group.http_port}"
+
+def sglang_rank_plan(cfg: ClusterConfig, group_name: str, rank: int) -> ContainerPlan:
+    group = cfg.groups[group_name]
+    return container_plan(cfg, rank_role(group_name, rank), group.nodes[rank],
+                 sglang_command(cfg, group_name, rank), sglang_env(cfg, group_name, rank),
+                 health_url(group, rank), gpu_workload=True, group_name=group_name)
+
+def variables_set_in_every_container(cfg: ClusterConfig) -> list[str]:
+    """Names every SGLang rank's env sets: for those, the image's own value never applies."""
+    names = None
+    for name, group in cfg.groups.items():
+        for rank in range(len(group.nodes)):
+            keys = set(sglang_env(cfg, name, rank))
+            names = keys if names is None else names & keys
+    return sorted(names or ())
