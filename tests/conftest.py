@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +16,17 @@ REPO = Path(__file__).resolve().parent.parent
 STACK_FILES = sorted(REPO.glob("Pulumi.*.yaml"))
 
 
+# The sim stacks name the sim's key, known_hosts and node files under the default cache.
+DEFAULT_CACHE = "~/.cache/kimipd/"
+
+
 def stack_values(stack: str) -> dict[str, Any]:
-    return read_stack_file(REPO / f"Pulumi.{stack}.yaml")
+    """A stack file's values; under another KIMIPD_CACHE, the sim's paths are that cache's."""
+    values = read_stack_file(REPO / f"Pulumi.{stack}.yaml")
+    cache = os.environ.get("KIMIPD_CACHE")
+    if not cache:
+        return values
+    return json.loads(json.dumps(values).replace(DEFAULT_CACHE, cache.rstrip("/") + "/"))
 
 
 @pytest.fixture

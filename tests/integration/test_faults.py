@@ -3,6 +3,7 @@ converging `pulumi up` whose smoke test passes. Tests run in file order on one s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -71,20 +72,47 @@ def orphans_found_and_removed(project: Project, stack: auto.Stack, sim: SimClust
     return listed
 
 
+def _parents() -> dict[int, int]:
+    """pid -> parent pid of every process now."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+    return parents
+
+
+def _command(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+    except OSError:
+        return b""
+
+
+def _running(pid: int) -> bool:
+    """PID exists and is not a zombie waiting for its parent."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def pulumi_children() -> list[int]:
     """The CLI processes the Automation API started from this test process."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        if parent == os.getpid() and cmdline[0].endswith(b"pulumi"):
-            found.append(int(entry.name))
+    return [pid for pid, parent in _parents().items()
+            if parent == os.getpid() and _command(pid).endswith(b"pulumi")]
+
+
+def descendants(roots: list[int]) -> list[int]:
+    """Every process below ROOTS (the CLI's plugins and language host, and theirs)."""
+    parents = _parents()
+    found, frontier = [], set(roots)
+    while frontier:
+        children = {pid for pid, parent in parents.items() if parent in frontier}
+        found += sorted(children)
+        frontier = children
     return found
 
 
@@ -165,10 +193,22 @@ def test_up_interrupted_while_a_gate_waits_recovers(stack: auto.Stack, project: 
     up = UpInBackground(stack)
     up.wait_for_step("decode-r0-health")
     time.sleep(2)
-    for pid in pulumi_children():
+    cli = pulumi_children()
+    below = descendants(cli)
+    for pid in cli:
         os.kill(pid, getattr(signal, signal_name))
     error = up.join()
     assert error is not None, f"pulumi up survived {signal_name}"
+    if signal_name == "SIGKILL":
+        # A killed CLI leaves its plugins running (re-parented to init); they are this fault's
+        # processes, so the test stops them and checks none is left.
+        for pid in below:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while (left := [pid for pid in below if _running(pid)]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not left, f"processes of the killed CLI still running: {left}"
     if signal_name == "SIGKILL":
         with pytest.raises(auto.CommandError) as locked:
             stack.up()
