@@ -3,26 +3,30 @@
 # Health alone proves nothing here: with Mooncake #2511 every server is healthy and the first
 # KV transfer fails, so only a generated answer counts. Prints the response body on success.
 #
-# usage: smoke-test.sh --url URL --body JSON --timeout SECONDS
+# usage: smoke-test.sh --url URL --body JSON --timeout SECONDS [--header-file FILE]
+# --header-file: extra request headers, one per line (the rust router's Authorization).
 set -uo pipefail
 
-url="" body="" timeout=300
+url="" body="" timeout=300 header_file=""
 while (($# > 0)); do
   case "$1" in
     --url) url="$2" ;;
     --body) body="$2" ;;
     --timeout) timeout="$2" ;;
+    --header-file) header_file="$2" ;;
     *) echo "smoke-test.sh: unknown option '$1'" >&2; exit 2 ;;
   esac
   shift 2
 done
 
+headers=(--header 'Content-Type: application/json')
+[[ -n "${header_file}" ]] && headers+=(--header "@${header_file}")
 response=$(mktemp)
 trap 'rm -f "${response}"' EXIT
 start=${SECONDS}
 while true; do
   code=$(curl --silent --output "${response}" --write-out '%{http_code}' --max-time 120 \
-    --header 'Content-Type: application/json' --data "${body}" "${url}")
+    "${headers[@]}" --data "${body}" "${url}")
   if [[ "${code}" == 200 ]]; then
     cat "${response}"
     exit 0

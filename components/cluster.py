@@ -16,7 +16,7 @@ from .render import (
     router_url,
     sglang_rank_plan,
 )
-from .router import Router, SmokeTest
+from .router import Membership, Router, RouterReadiness, SmokeTest
 from .serving import ServingGroup
 
 
@@ -25,6 +25,7 @@ class Cluster(pulumi.ComponentResource):
 
     def __init__(self, name: str, cfg: ClusterConfig, private_key: pulumi.Input[str] | None,
                  node_file_digests: dict[str, str], host_keys: dict[str, str | None],
+                 router_api_key: pulumi.Input[str] | None = None,
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("kimipd:cluster:Cluster", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
@@ -54,10 +55,11 @@ class Cluster(pulumi.ComponentResource):
             "nodeFiles": dict(sorted(node_file_digests.items())),
         }
         if cfg.serving:
-            self._serve(cfg, child)
+            self._serve(cfg, child, router_api_key)
         self.register_outputs({})
 
-    def _serve(self, cfg: ClusterConfig, child: pulumi.ResourceOptions) -> None:
+    def _serve(self, cfg: ClusterConfig, child: pulumi.ResourceOptions,
+               router_api_key: pulumi.Input[str] | None) -> None:
         # Nothing starts until every node is prepared (runbook steps 1-4 before 5): a node that
         # fails preflight leaves the cluster without a single container.
         every_node_ready = [resource for node in self.nodes.values() for resource in node.ready]
@@ -82,12 +84,26 @@ class Cluster(pulumi.ComponentResource):
             for name in cfg.groups_in_mode("decode")
         }
         decode_gates = [group.gate for group in self.decode.values()]
-        # Every group healthy, whatever the start order: the router sends traffic to both.
-        self.router = Router(cfg, self.nodes, wait_for=[*prefill_gates, *decode_gates],
-                             opts=child)
+        router_node = self.nodes[cfg.router.node]
+        if cfg.router.kind == "mini-lb":
+            # Its worker list is fixed at start: every group healthy, whatever the start order.
+            self.router = Router(cfg, self.nodes, wait_for=[*prefill_gates, *decode_gates],
+                                 opts=child)
+            router_gates: list = []
+        else:
+            # Up with the nodes; each group joins it through its Membership once its own gate
+            # passes, and leaves it (drained) before its containers are replaced.
+            self.router = Router(cfg, self.nodes, wait_for=every_node_ready,
+                                 api_key=router_api_key, opts=child)
+            self.memberships = [
+                Membership(name, cfg, router_node, self.router, group, opts=child)
+                for name, group in {**self.prefill, **self.decode}.items()
+            ]
+            router_gates = [RouterReadiness(cfg, router_node, self.router, self.memberships,
+                                            opts=child)]
         self.smoke_test = SmokeTest(
-            cfg, self.nodes[cfg.router.node], self.router,
-            [self.mooncake_master.gate, *prefill_gates, *decode_gates], opts=child)
+            cfg, router_node, self.router,
+            [self.mooncake_master.gate, *prefill_gates, *decode_gates, *router_gates], opts=child)
         self.outputs |= {
             "containers": container_outputs(cfg),
             "routerUrl": router_url(cfg),
@@ -95,6 +111,9 @@ class Cluster(pulumi.ComponentResource):
             "smokeTest": self.smoke_test.text,
             "prometheusTargets": prometheus_targets(cfg, pulumi.get_stack()),
         }
+        if router_api_key is not None:
+            # What clients send as `Authorization: Bearer KEY` (README); encrypted in the state.
+            self.outputs["routerApiKey"] = pulumi.Output.secret(router_api_key)
 
 
 def container_outputs(cfg: ClusterConfig) -> dict[str, dict[str, object]]:

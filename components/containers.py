@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import pulumi
 import pulumi_docker as docker
@@ -14,7 +14,9 @@ from .render import ContainerPlan, env_list
 def node_container(plan: ContainerPlan, node: Node, *, depends_on: Sequence[pulumi.Resource],
                    parent: pulumi.Resource, follows: docker.Container | None = None,
                    resource_name: str | None = None,
-                   aliases: Sequence[pulumi.Alias] = ()) -> docker.Container:
+                   aliases: Sequence[pulumi.Alias] = (),
+                   extra_labels: Mapping[str, pulumi.Input[str]] | None = None,
+                   image: pulumi.Input[str] | None = None) -> docker.Container:
     """Host network and host IPC: NCCL, RDMA and the KV bootstrap bind the node's addresses.
 
     A container found stopped (`refresh` records `mustRun` drift) is replaced, not restarted in
@@ -26,12 +28,13 @@ def node_container(plan: ContainerPlan, node: Node, *, depends_on: Sequence[pulu
     return docker.Container(
         resource_name or plan.role,
         name=plan.name,
-        image=node.run_image_id,
+        image=node.run_image_id if image is None else image,
         command=plan.command,
         envs=env_list(plan.env),
         labels=[docker.ContainerLabelArgs(label=k, value=v) for k, v in plan.labels.items()]
         + ([docker.ContainerLabelArgs(label="kimipd.rank0-container", value=follows.id)]
-           if follows is not None else []),
+           if follows is not None else [])
+        + [docker.ContainerLabelArgs(label=k, value=v) for k, v in (extra_labels or {}).items()],
         network_mode="host",
         ipc_mode="host",
         restart=plan.restart,

@@ -61,7 +61,8 @@ def check_stack_secrets() -> None:
         name = key[len(prefix):]
         if name in SECRET_KEYS and not _is_secret(key):
             problems.append(
-                f"{name}: set in plain text (value not shown), so the private key sits "
+                f"{name}: set in plain text (value not shown), so the "
+                f"{'private key' if name == 'sshPrivateKey' else 'API key'} sits "
                 "unencrypted in Pulumi.<stack>.yaml and in every copy of that file: remove it "
                 f"(`pulumi config rm {name}`) and set it as a secret: `pulumi config set --secret "
                 f"{name} < KEYFILE`.")
@@ -104,3 +105,22 @@ def stack_config_warnings() -> list[str]:
 
 def ssh_private_key() -> pulumi.Output[str] | None:
     return pulumi.Config(CONFIG_NAMESPACE).get_secret("sshPrivateKey")
+
+
+ROUTER_API_KEY = "routerApiKey"
+
+
+def router_api_key(cfg: ClusterConfig) -> pulumi.Output[str] | None:
+    """The Rust router's API key (a secret): it guards the worker API and /generate. Required with
+    router.kind rust, whose worker API would otherwise let anyone who reaches the port add or
+    remove workers."""
+    if cfg.router.kind != "rust":
+        return None
+    key = pulumi.Config(CONFIG_NAMESPACE).get_secret(ROUTER_API_KEY)
+    if key is None:
+        raise ConfigError(
+            f"invalid kimipd secrets:\n  {ROUTER_API_KEY}: not set, and router.kind 'rust' "
+            "serves a worker API (add, remove workers) and /generate to whoever reaches "
+            f"router.port: set one, `pulumi config set --secret {ROUTER_API_KEY} "
+            "\"$(openssl rand -hex 32)\"` (clients then send `Authorization: Bearer KEY`).")
+    return key

@@ -133,7 +133,7 @@ STATUS_MARK = "KIMIPD-HTTP"
 
 
 def curl_command(method: str, url: str, timeout: float, with_body: bool = False,
-                 stream: bool = False) -> str:
+                 stream: bool = False, header_file: str | None = None) -> str:
     """curl on the node: the body on stdout, then a last line `KIMIPD-HTTP <code> <seconds>`."""
     argv = ["curl", "-sS", "--noproxy", "*", "--max-time", f"{timeout:g}", "-X", method,
             "-w", f"\\n{STATUS_MARK} %{{http_code}} %{{time_total}}\\n"]
@@ -141,6 +141,8 @@ def curl_command(method: str, url: str, timeout: float, with_body: bool = False,
         argv.append("-N")
     if with_body:
         argv += ["-H", "Content-Type: application/json", "--data-binary", "@-"]
+    if header_file is not None:
+        argv += ["-H", f"@{header_file}"]  # the rust router's key, read on the node
     return shlex.join(argv + [url])
 
 

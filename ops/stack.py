@@ -132,6 +132,8 @@ class Stack:
     verification: VerificationSpec
     # Every container role the config defines (its groups' ranks, mc-master, router).
     roles: frozenset[str] = frozenset()
+    # The rust router's key (the secret routerApiKey), for requests sent from here.
+    router_api_key: str | None = None
 
 
 def _pulumi_entry(entry: Any) -> bool:
@@ -255,15 +257,18 @@ def load_stack(stack: str | None, cwd: Path = REPO, outputs_file: Path | None = 
         outputs = json.loads(Path(outputs_file).read_text())
     else:
         outputs = cli.outputs()
-    private_key = None
+    private_key = router_key = None
     if config_file is not None:
         raw_config = json.loads(Path(config_file).read_text())
     else:
         raw_config = cli.config()
         if "sshPrivateKey" in secret_keys(raw_config):
             private_key = cli.secret("sshPrivateKey")
+        if "routerApiKey" in secret_keys(raw_config):
+            router_key = cli.secret("routerApiKey").strip()
     values = config_values(raw_config)
     return Stack(topology=Topology.from_outputs(name, outputs),
                  access=access_from_config(values, private_key),
                  verification=verification_from_config(values),
-                 roles=roles_from_config(values))
+                 roles=roles_from_config(values),
+                 router_api_key=router_key)

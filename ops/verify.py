@@ -20,6 +20,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from rich.console import Group
@@ -27,6 +28,7 @@ from rich.table import Table
 from rich.text import Text
 
 from components.config import VerificationSpec
+from components.render import router_auth_header_file
 
 from . import DEGRADED, DOWN, OK
 from .probe import curl_command, direct_client, parse_curl
@@ -154,14 +156,16 @@ def request_body(shape: Request, rng: random.Random) -> dict[str, Any]:
     }
 
 
-def _direct(url: str, body: dict, timeout: float, measurement: Measurement) -> bool:
+def _direct(url: str, body: dict, timeout: float, measurement: Measurement,
+            api_key: str | None = None) -> bool:
     """Streams the answer from here; False when the router's port cannot be reached at all."""
     timer = StreamTimer()
     measurement.via = "direct"
     client = direct_client(timeout)
     started = time.perf_counter()
     try:
-        with client, client.stream("POST", url, json=body) as response:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        with client, client.stream("POST", url, json=body, headers=headers) as response:
             measurement.status = response.status_code
             measurement.reached = True
             if response.status_code != 200:
@@ -180,12 +184,13 @@ def _direct(url: str, body: dict, timeout: float, measurement: Measurement) -> b
 
 
 def _over_ssh(transport: Transport, node: str, url: str, body: dict, timeout: float,
-              measurement: Measurement) -> None:
+              measurement: Measurement, header_file: str | None = None) -> None:
     """curl -N on the router's node; chunks are timed as they arrive here (the SSH hop adds
     its latency to the first token, not to the decode rate)."""
     timer = StreamTimer()
     measurement.via = "ssh"
-    command = curl_command("POST", url, timeout, with_body=True, stream=True)
+    command = curl_command("POST", url, timeout, with_body=True, stream=True,
+                           header_file=header_file)
     started = time.perf_counter()
     try:
         result = transport.run(node, command, timeout=timeout + 10,
@@ -264,7 +269,7 @@ class VerifyReport:
 
 def run(topology: Topology, spec: VerificationSpec, transport: Transport | None,
         timeout: float = 600.0, via: str = "auto", seed: int | None = None,
-        only: list[str] | None = None) -> VerifyReport:
+        only: list[str] | None = None, api_key: str | None = None) -> VerifyReport:
     seed = int(time.time()) if seed is None else seed
     shapes = [s for s in spec.baseline if not only or s.name in only]
     url = topology.generate_url
@@ -282,10 +287,13 @@ def run(topology: Topology, spec: VerificationSpec, transport: Transport | None,
         body = request_body(shape, rng)
         reachable = True
         if via in ("auto", "direct"):
-            reachable = _direct(url, body, timeout, measurement)
+            reachable = _direct(url, body, timeout, measurement, api_key)
         if (via == "ssh" or (via == "auto" and not reachable)) and transport and router:
             measurement.error = None
-            _over_ssh(transport, router.node, url, body, timeout, measurement)
+            # On the router's node the key is read from its file there (rust router).
+            header_file = (router_auth_header_file(urlsplit(url).port or 80) if api_key
+                           else None)
+            _over_ssh(transport, router.node, url, body, timeout, measurement, header_file)
         measurement.problems = judge(measurement, spec.tolerance)
         measurements.append(measurement)
         if not measurement.reached and measurement is measurements[0]:

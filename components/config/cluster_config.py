@@ -50,6 +50,11 @@ class ClusterConfig(Model):
     # old Mooncake, stops preparation before any container changes; containers start in
     # seconds). container-start: by launch.sh in every container as it starts (the runbook's way).
     install_node_files: Literal["image", "container-start"] = "image"
+    # With the rust router, how a change that replaces several groups of one mode goes.
+    # one-group-at-a-time: each group is drained only while another group of its mode is admitted
+    # and healthy, so the router always has one (a rolling update; the first group is the canary).
+    # all-at-once: every group drains and restarts together (the cluster is down for a load).
+    rollout: Literal["one-group-at-a-time", "all-at-once"] = "one-group-at-a-time"
 
     @field_validator("image_mooncake_version", mode="before")
     @classmethod
@@ -115,6 +120,8 @@ class ClusterConfig(Model):
                     yield PortBinding(group.rank0, group.dist_init_port + offset,
                                       f"groups.{name}.distInitPort", name, offset)
         yield PortBinding(self.router.node, self.router.port, "router.port")
+        if self.router.kind == "rust":
+            yield PortBinding(self.router.node, self.router.metrics_port, "router.metricsPort")
 
     def ports_on(self, address: str) -> dict[int, str]:
         """Every port this node's containers bind, in order -> the key that sets it."""

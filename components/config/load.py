@@ -15,7 +15,7 @@ from .messages import location_key, type_problem
 
 CONFIG_NAMESPACE = "kimipd"
 # Keys read with `Config.get_secret`; they never enter the model (and so never enter a rendering).
-SECRET_KEYS = frozenset({"sshPrivateKey"})
+SECRET_KEYS = frozenset({"sshPrivateKey", "routerApiKey"})
 
 
 def load_cluster_config(raw: Mapping[str, Any]) -> ClusterConfig:

@@ -93,13 +93,36 @@ class GroupSpec(Model):
         return self.nodes[0]
 
 
+RouterPolicy = Literal["random", "round_robin", "cache_aware", "power_of_two"]
+
+
 class RouterSpec(Model):
     node: str
-    # `mini-lb`: SGLang's MiniLB (random choice, no state). `rust`: the sglang-router policy router.
+    # `mini-lb`: SGLang's MiniLB (a fixed worker list, random choice, no retries, no health
+    # checks, no worker API). `rust`: sglang-router's own router, whose worker API lets the
+    # program drain a group before it is replaced and admit it once its gate passes.
     kind: Literal["mini-lb", "rust"] = "mini-lb"
-    policy: Literal["random", "round_robin", "cache_aware", "power_of_two"] = "random"
+    policy: RouterPolicy = "random"
+    # rust only; unset: `policy`. Decode round_robin: a retry after a dead decode goes to the
+    # next group, where random or cache_aware may pick the dead one again (docs/decisions.md).
+    prefill_policy: RouterPolicy | None = None
+    decode_policy: RouterPolicy | None = None
     host: str = "0.0.0.0"
     port: int = Field(default=31000, ge=1, le=65535)
+    # rust only: Prometheus metrics (smg_*) on this port of the router's node.
+    metrics_port: int = Field(default=29000, ge=1, le=65535)
+    # rust only: the longest a request may take end to end. The router's default (1800 s) lets a
+    # hung prefill or decode leg hold a client for half an hour.
+    request_timeout_seconds: int = Field(default=600, ge=1)
+    # rust only: attempts per request (the first included); each re-picks a prefill/decode pair.
+    retry_max_retries: int = Field(default=3, ge=1)
+    # rust only: how fast a dead worker stops being picked (the router's defaults, every 60 s and
+    # 3 failures, take 2-3 minutes).
+    health_check_interval_seconds: int = Field(default=5, ge=1)
+    health_failure_threshold: int = Field(default=2, ge=1)
+    # rust only: how long a drain waits for a removed group's in-flight requests to finish
+    # before its containers are replaced anyway.
+    drain_timeout_seconds: int = Field(default=600, ge=0)
     extra_args: list[str] = []
 
 

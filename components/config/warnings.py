@@ -40,4 +40,25 @@ def config_warnings(cfg: ClusterConfig) -> list[str]:
                 "(triton); to use it add `--linear-attn-prefill-backend flashkda` (or "
                 "`--linear-attn-backend flashkda`) to groups.<name>.extraArgs, or remove the "
                 "wheel from nodeFiles.")
+    return warnings + rollout_warnings(cfg)
+
+
+def rollout_warnings(cfg: ClusterConfig) -> list[str]:
+    """Where a change cannot keep serving: one group of a mode, or every group at once."""
+    if cfg.router.kind != "rust" or not cfg.serving:
+        return []
+    warnings = []
+    for mode in ("prefill", "decode"):
+        groups = list(cfg.groups_in_mode(mode))
+        if len(groups) == 1:
+            warnings.append(
+                f"groups.{groups[0]}: the only {mode} group, so a change that replaces it (image, "
+                f"node files, model, restartGeneration, its own settings) leaves the router with no "
+                f"{mode} group until it has loaded again; its in-flight requests still finish "
+                f"(drain). To roll changes without downtime add a second {mode} group.")
+        elif cfg.rollout == "all-at-once":
+            warnings.append(
+                f"rollout: 'all-at-once' replaces {', '.join(groups)} together when a change "
+                f"touches them all, leaving no {mode} group until they have loaded; "
+                "'one-group-at-a-time' keeps one serving.")
     return warnings

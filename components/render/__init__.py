@@ -11,13 +11,16 @@ and `layout.py` where things live on a node.
 
 from .container_plan import ContainerPlan, container_labels, container_mounts, env_list
 from .layout import MOONCAKE_MASTER, NODE_ASSET_DIR, NODE_SCRIPTS, ROUTER, rank_role
+from .membership import (admit_command, drain_command, router_ready_command, unwant_command,
+                         want_command)
 from .mooncake_master import mooncake_master_address, mooncake_master_command, mooncake_master_plan
 from .node_files import (prepare_dirs_command, prepare_image_command, prepared_image_id,
                          prepared_image_tag)
 from .node_scripts import (bootstrap_url, docker_ssh_opts, image_env_check_command,
                            preflight_command, wait_bootstrap_command, wait_healthy_command)
 from .prometheus import prometheus_targets
-from .router import router_command, router_plan, router_url, smoke_test_command, smoke_test_text
+from .router import (router_api_key_file, router_auth_header_file, router_command, router_plan, router_url,
+                     smoke_test_command, smoke_test_text, write_api_key_command)
 from .sglang import (group_endpoint, sglang_command, sglang_env, sglang_launch_args,
                      sglang_rank_plan, variables_set_in_every_container)
 
@@ -27,6 +30,14 @@ __all__ = [
     "NODE_SCRIPTS",
     "ROUTER",
     "ContainerPlan",
+    "admit_command",
+    "drain_command",
+    "router_api_key_file",
+    "router_auth_header_file",
+    "router_ready_command",
+    "unwant_command",
+    "want_command",
+    "write_api_key_command",
     "bootstrap_url",
     "container_labels",
     "container_mounts",

@@ -22,6 +22,7 @@ def container_labels(cfg: ClusterConfig, role: str,
                        str(cfg.groups[group_name].restart_generation)}
     return labels
 
+
 @dataclass(frozen=True)
 class ContainerPlan:
     """One container as docker will run it; the Pulumi component is a thin wrapper around it."""
@@ -44,9 +45,9 @@ class ContainerPlan:
     health_url: str  # what its gate polls on its node
 
 
-def container_plan(cfg: ClusterConfig, role: str, node: str, command: list[str], env: dict[str, str],
-          health: str, gpu_workload: bool, runtime: str | None = None,
-          group_name: str | None = None) -> ContainerPlan:
+def container_plan(cfg: ClusterConfig, role: str, node: str, command: list[str],
+                   env: dict[str, str], health: str, gpu_workload: bool,
+                   runtime: str | None = None, group_name: str | None = None) -> ContainerPlan:
     settings = cfg.container
     return ContainerPlan(
         role=role,
@@ -68,6 +69,7 @@ def container_plan(cfg: ClusterConfig, role: str, node: str, command: list[str],
         runtime=runtime,
         health_url=health,
     )
+
 
 def container_mounts(cfg: ClusterConfig) -> list[tuple[str, str, bool]]:
     """The program's scripts, the node files (at their node paths) and the operator's volumes."""

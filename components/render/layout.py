@@ -12,8 +12,10 @@ LAUNCH_SCRIPT = f"{NODE_ASSET_DIR}/launch.sh"
 WAIT_HEALTHY_SCRIPT = f"{NODE_ASSET_DIR}/wait-healthy.sh"
 SMOKE_TEST_SCRIPT = f"{NODE_ASSET_DIR}/smoke-test.sh"
 # preflight.sh is not among them: it runs from stdin before anything is written to the node.
+ROUTER_LAUNCH_SCRIPT = f"{NODE_ASSET_DIR}/router-launch.py"
+ROUTER_MEMBERS_SCRIPT = f"{NODE_ASSET_DIR}/router-members.py"
 NODE_SCRIPTS = ("launch.sh", "mooncake-check.py", "wait-healthy.sh", "smoke-test.sh",
-                "prepare-image.sh")
+                "prepare-image.sh", "router-launch.py", "router-members.py")
 PREPARE_IMAGE_SCRIPT = f"{NODE_ASSET_DIR}/prepare-image.sh"
 
 MOONCAKE_MASTER = "mooncake-master"
@@ -26,6 +28,7 @@ def rank_role(group_name: str, rank: int) -> str:
 
 def container_name(role: str) -> str:
     return f"kimipd-{role}"
+
 
 def shell(argv: list[str]) -> str:
     return " ".join(shlex.quote(arg) for arg in argv)

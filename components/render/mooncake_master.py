@@ -29,6 +29,7 @@ def mooncake_master_health_url(cfg: ClusterConfig) -> str:
     master = cfg.mooncake_master
     return f"http://{master.node}:{master.metrics_port}/health"
 
+
 def mooncake_master_env(cfg: ClusterConfig) -> dict[str, str]:
     env = dict(cfg.container.env)
     if cfg.mooncake_master.runtime == "nvidia":
@@ -38,6 +39,7 @@ def mooncake_master_env(cfg: ClusterConfig) -> dict[str, str]:
 
 
 def mooncake_master_plan(cfg: ClusterConfig) -> ContainerPlan:
-    return container_plan(cfg, MOONCAKE_MASTER, cfg.mooncake_master.node, mooncake_master_command(cfg),
-                 mooncake_master_env(cfg), mooncake_master_health_url(cfg), gpu_workload=False,
-                 runtime=cfg.mooncake_master.runtime)
+    return container_plan(cfg, MOONCAKE_MASTER, cfg.mooncake_master.node,
+                          mooncake_master_command(cfg), mooncake_master_env(cfg),
+                          mooncake_master_health_url(cfg), gpu_workload=False,
+                          runtime=cfg.mooncake_master.runtime)

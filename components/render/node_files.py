@@ -38,6 +38,7 @@ def launch_wrapper(cfg: ClusterConfig, *, mooncake_only: bool = False) -> list[s
         return ["bash", LAUNCH_SCRIPT, "--"]
     return ["bash", LAUNCH_SCRIPT, *node_file_install_args(cfg, mooncake_only=mooncake_only), "--"]
 
+
 PREPARED_IMAGE_REPOSITORY = "kimipd/prepared"
 
 

@@ -18,6 +18,7 @@ def docker_ssh_opts(cfg: ClusterConfig) -> list[str]:
                   "-o", "StrictHostKeyChecking=yes"]
     return pinned + list(cfg.connection.docker_ssh_opts)
 
+
 def model_host_path(cfg: ClusterConfig) -> str | None:
     """Where model.path (a path inside the containers) is on the node: through the deepest mount
     that covers it, as docker layers nested mounts. None: no mount covers it (the image may
@@ -56,6 +57,8 @@ def preflight_command(cfg: ClusterConfig, address: str, script: str) -> str:
         # PORT=KEY: the failure names the stack key to change.
         "--ports", ",".join(f"{port}={key}" for port, key in cfg.ports_on(address).items()),
     ]
+    if cfg.router.kind == "rust" and address == cfg.router.node:
+        argv += ["--needs-python", "yes"]
     return f"{shell(argv)} <<'KIMIPD_PREFLIGHT'\n{script}KIMIPD_PREFLIGHT"
 
 
@@ -97,6 +100,7 @@ def wait_bootstrap_command(cfg: ClusterConfig, group_name: str) -> str:
         "--timeout", str(cfg.gates.timeout_seconds),
         "--interval", f"{min(cfg.gates.interval_seconds, BOOTSTRAP_POLL_SECONDS):g}",
     ])
+
 
 def image_env_check_command(cfg: ClusterConfig, address: str, image: str, script: str) -> str:
     """assets/image-env-check.sh fed on stdin: refuses an image whose own environment breaks a

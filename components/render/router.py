@@ -6,21 +6,42 @@ import json
 
 from ..config import ClusterConfig
 from .container_plan import ContainerPlan, container_plan
-from .layout import ROUTER, SMOKE_TEST_SCRIPT, shell
+from .layout import NODE_ASSET_DIR, ROUTER, ROUTER_LAUNCH_SCRIPT, SMOKE_TEST_SCRIPT, shell
+from .node_files import launch_wrapper
 from .sglang import group_endpoint
+
+ROUTER_MODULE = ["python3", "-m", "sglang_router.launch_router"]
 
 
 def router_command(cfg: ClusterConfig) -> list[str]:
+    """`python3 -m sglang_router.launch_router ...` as sglang-router 0.3.2 parses it.
+
+    MiniLB has a fixed worker list, so every group is on it. The rust router starts with none:
+    each group's Membership admits it through the worker API once the group's gate passes, and
+    drains it before it is replaced (docs/decisions.md).
+    """
     router = cfg.router
-    args = ["python3", "-m", "sglang_router.launch_router", "--pd-disaggregation"]
+    args = [*ROUTER_MODULE, "--pd-disaggregation"]
     if router.kind == "mini-lb":
         args.append("--mini-lb")
+        for group in cfg.groups_in_mode("prefill").values():
+            args += ["--prefill", group_endpoint(group), str(group.bootstrap_port)]
+        for group in cfg.groups_in_mode("decode").values():
+            args += ["--decode", group_endpoint(group)]
     else:
         args += ["--policy", router.policy]
-    for group in cfg.groups_in_mode("prefill").values():
-        args += ["--prefill", group_endpoint(group), str(group.bootstrap_port)]
-    for group in cfg.groups_in_mode("decode").values():
-        args += ["--decode", group_endpoint(group)]
+        if router.prefill_policy is not None:
+            args += ["--prefill-policy", router.prefill_policy]
+        if router.decode_policy is not None:
+            args += ["--decode-policy", router.decode_policy]
+        args += [
+            "--request-timeout-secs", str(router.request_timeout_seconds),
+            "--retry-max-retries", str(router.retry_max_retries),
+            "--health-check-interval-secs", str(router.health_check_interval_seconds),
+            "--health-failure-threshold", str(router.health_failure_threshold),
+            "--prometheus-port", str(router.metrics_port),
+            "--prometheus-host", "0.0.0.0",
+        ]
     args += ["--host", router.host, "--port", str(router.port)]
     return args + list(router.extra_args)
 
@@ -28,17 +49,63 @@ def router_command(cfg: ClusterConfig) -> list[str]:
 def router_url(cfg: ClusterConfig) -> str:
     return f"http://{cfg.router.node}:{cfg.router.port}"
 
+
+def router_state_dir(cfg: ClusterConfig | int) -> str:
+    """On the router's node: its API key and the rollout's leases (one per router port, so two
+    stacks on the same nodes never share them). CFG or the router's port."""
+    port = cfg if isinstance(cfg, int) else cfg.router.port
+    return f"{NODE_ASSET_DIR}/router-{port}"
+
+
+def router_api_key_file(cfg: ClusterConfig | int) -> str:
+    return f"{router_state_dir(cfg)}/api-key"
+
+
+def router_auth_header_file(cfg: ClusterConfig | int) -> str:
+    """`Authorization: Bearer KEY`, for `curl -H @FILE` on the router's node (the key never
+    on a command line)."""
+    return f"{router_state_dir(cfg)}/auth-header"
+
+
+def router_container_command(cfg: ClusterConfig) -> list[str]:
+    """The rust router gets its API key from a file (router-launch.py hands it to the router's own
+    parser), never on a command line that `ps` and `docker inspect` show."""
+    if cfg.router.kind == "mini-lb":
+        return launch_wrapper(cfg) + router_command(cfg)
+    return launch_wrapper(cfg) + ["python3", ROUTER_LAUNCH_SCRIPT, "--api-key-file",
+                                  router_api_key_file(cfg), "--",
+                                  *router_command(cfg)[len(ROUTER_MODULE):]]
+
+
 def router_plan(cfg: ClusterConfig) -> ContainerPlan:
-    return container_plan(cfg, ROUTER, cfg.router.node, router_command(cfg), dict(cfg.container.env),
-                 router_url(cfg) + "/health", gpu_workload=False)
+    # /health: liveness only (the rust router binds before any worker is admitted); whether it
+    # routes is the RouterReadiness check's, after every group's admission.
+    return container_plan(cfg, ROUTER, cfg.router.node, router_container_command(cfg),
+                          dict(cfg.container.env), router_url(cfg) + "/health",
+                          gpu_workload=False)
+
+
+def write_api_key_command(cfg: ClusterConfig) -> str:
+    """Writes stdin (the secret) to the key file and the header file, readable by their owner
+    only (printf is the shell's own: the key is on no process's command line)."""
+    directory = router_state_dir(cfg)
+    key, header = router_api_key_file(cfg), router_auth_header_file(cfg)
+    return (f"umask 077 && mkdir -p {shell([directory])} && cat > {shell([key + '.new'])} && "
+            f"printf 'Authorization: Bearer %s\\n' \"$(cat {shell([key + '.new'])})\" > "
+            f"{shell([header])} && mv {shell([key + '.new', key])}")
+
 
 def smoke_test_command(cfg: ClusterConfig) -> str:
-    return shell([
+    argv = [
         "bash", SMOKE_TEST_SCRIPT,
         "--url", router_url(cfg) + "/generate",
         "--body", json.dumps(cfg.smoke_test.body, sort_keys=True),
         "--timeout", str(cfg.smoke_test.timeout_seconds),
-    ])
+    ]
+    if cfg.router.kind == "rust":
+        argv += ["--header-file", router_auth_header_file(cfg)]
+    return shell(argv)
+
 
 def smoke_test_text(stdout: str) -> str:
     """The generated text from the smoke test's JSON response (what the stack output shows)."""

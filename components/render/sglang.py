@@ -35,6 +35,7 @@ def sglang_launch_args(cfg: ClusterConfig, group_name: str, rank: int) -> list[s
         args.append("--enable-metrics")
     return args + list(group.extra_args)
 
+
 def sglang_command(cfg: ClusterConfig, group_name: str, rank: int) -> list[str]:
     return launch_wrapper(cfg) + sglang_launch_args(cfg, group_name, rank)
 
@@ -74,11 +75,13 @@ def health_url(group: GroupSpec, rank: int = 0) -> str:
 def group_endpoint(group: GroupSpec) -> str:
     return f"http://{group.rank0}:{group.http_port}"
 
+
 def sglang_rank_plan(cfg: ClusterConfig, group_name: str, rank: int) -> ContainerPlan:
     group = cfg.groups[group_name]
     return container_plan(cfg, rank_role(group_name, rank), group.nodes[rank],
-                 sglang_command(cfg, group_name, rank), sglang_env(cfg, group_name, rank),
-                 health_url(group, rank), gpu_workload=True, group_name=group_name)
+                          sglang_command(cfg, group_name, rank), sglang_env(cfg, group_name, rank),
+                          health_url(group, rank), gpu_workload=True, group_name=group_name)
+
 
 def variables_set_in_every_container(cfg: ClusterConfig) -> list[str]:
     """Names every SGLang rank's env sets: for those, the image's own value never applies."""

@@ -63,7 +63,8 @@ def edited_stacks() -> dict[str, ClusterConfig]:
         "decode-only edit": lambda v: v["groups"]["decode"].update(
             extraArgs=["--mem-fraction-static", "0.8", "--max-running-requests", "32"]),
         "rust router, round robin": lambda v: v["router"].update(
-            kind="rust", policy="round_robin", extraArgs=["--request-timeout-secs", "600"]),
+            kind="rust", policy="round_robin", decodePolicy="round_robin",
+            prefillPolicy="cache_aware", extraArgs=["--cb-failure-threshold", "20"]),
         "flashkda selected, abbreviations": lambda v: v["groups"]["prefill"].update(
             extraArgs=["--linear-attn-prefill-backend=flashkda", "--mem-frac", "0.85"]),
         "gid index and other ports": lambda v: (v["network"].update(ibGidIndex=3),
@@ -108,14 +109,28 @@ def expected_server_values(cfg: ClusterConfig, name: str, rank: int) -> dict[str
 
 
 def expected_router_values(cfg: ClusterConfig) -> dict[str, Any]:
-    return {
-        "pd_disaggregation": True,
-        "mini_lb": cfg.router.kind == "mini-lb",
-        "prefill": [[f"http://{g.rank0}:{g.http_port}", str(g.bootstrap_port)]
-                    for g in cfg.groups_in_mode("prefill").values()],
-        "decode": [[f"http://{g.rank0}:{g.http_port}"] for g in cfg.groups_in_mode("decode").values()],
-        "host": cfg.router.host,
-        "port": cfg.router.port,
+    router = cfg.router
+    common = {"pd_disaggregation": True, "mini_lb": router.kind == "mini-lb",
+              "host": router.host, "port": router.port}
+    if router.kind == "mini-lb":
+        return common | {
+            "prefill": [[f"http://{g.rank0}:{g.http_port}", str(g.bootstrap_port)]
+                        for g in cfg.groups_in_mode("prefill").values()],
+            "decode": [[f"http://{g.rank0}:{g.http_port}"]
+                       for g in cfg.groups_in_mode("decode").values()],
+        }
+    # The rust router starts with no workers: each group's Membership admits it.
+    return common | {
+        "prefill": None, "decode": None,
+        "policy": router.policy,
+        "prefill_policy": router.prefill_policy,
+        "decode_policy": router.decode_policy,
+        "request_timeout_secs": router.request_timeout_seconds,
+        "retry_max_retries": router.retry_max_retries,
+        "health_check_interval_secs": router.health_check_interval_seconds,
+        "health_failure_threshold": router.health_failure_threshold,
+        "prometheus_port": router.metrics_port,
+        "prometheus_host": "0.0.0.0",
     }
 
 
@@ -133,8 +148,6 @@ def test_every_rendered_argv_parses_to_the_models_values(real_python: Path, stac
             expected = expected_server_values(cfg, request["group"], request["rank"])
         else:
             expected = expected_router_values(cfg)
-            if cfg.router.kind == "rust":
-                expected["policy"] = cfg.router.policy
         differs = {key: (answer["values"].get(key), value) for key, value in expected.items()
                    if answer["values"].get(key) != value}
         assert not differs, f"{where}\n  parsed (got, want): {differs}"

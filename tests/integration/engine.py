@@ -52,8 +52,13 @@ def project(env, sim: SimCluster, tmp_path_factory) -> Project:
     return Project(tmp_path_factory.mktemp("kimipd-up"), env)
 
 
-def sim_values(sim: SimCluster, **changes) -> dict:
-    values = copy.deepcopy(stack_values("sim"))
+# The rust router's API key in the test stacks (a secret, as routerApiKey must be).
+ROUTER_API_KEY = "kimipd-test-router-key"
+AUTHORIZED = {"Authorization": f"Bearer {ROUTER_API_KEY}"}
+
+
+def sim_values(sim: SimCluster, stack: str = "sim", **changes) -> dict:
+    values = copy.deepcopy(stack_values(stack))
     values["image"] = sim.image
     values.update(changes)
     return values
@@ -64,6 +69,7 @@ def new_stack(project: Project, sim: SimCluster, name: str, values: dict) -> aut
     stack = project.stack(name)
     key = Path(sim.env["KIMIPD_SIM_KEY"]).read_text()
     stack.set_config("kimipd:sshPrivateKey", auto.ConfigValue(value=key, secret=True))
+    stack.set_config("kimipd:routerApiKey", auto.ConfigValue(value=ROUTER_API_KEY, secret=True))
     return stack
 
 
@@ -123,8 +129,10 @@ ROUTER = "http://10.231.60.5:31000"
 def generate_loop(stop: threading.Event, results: list[int], limit: int = 2000) -> None:
     body = json.dumps({"text": "load", "sampling_params": {"max_new_tokens": 4}}).encode()
     while not stop.is_set() and len(results) < limit:
+        # The key is sent to MiniLB too, which ignores it.
         request = urllib.request.Request(ROUTER + "/generate", data=body,
-                                         headers={"Content-Type": "application/json"})
+                                         headers={"Content-Type": "application/json",
+                                                  **AUTHORIZED})
         try:
             with urllib.request.urlopen(request, timeout=10) as response:
                 results.append(response.status)

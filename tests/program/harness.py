@@ -19,6 +19,7 @@ from tests.conftest import REPO
 
 SIG_KEY, SECRET_SIG = rpc._special_sig_key, rpc._special_secret_sig  # pylint: disable=protected-access
 PRIVATE_KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nTEST-KEY-NOT-REAL\n-----END OPENSSH PRIVATE KEY-----"
+ROUTER_API_KEY = "test-router-api-key-not-real"
 
 
 @dataclass
@@ -148,7 +149,8 @@ class _Warnings(logging.Handler):
 
 
 def run_program(values: dict[str, Any], *, private_key: str | None = PRIVATE_KEY,
-                private_key_secret: bool = True, extra_config: dict[str, str] | None = None,
+                private_key_secret: bool = True, router_api_key: str | None = ROUTER_API_KEY,
+                extra_config: dict[str, str] | None = None,
                 extra_secrets: dict[str, str] | None = None, run: Run | None = None) -> Run:
     """Run __main__.py with these `kimipd:*` values, as `pulumi up` would (not a preview).
 
@@ -163,6 +165,9 @@ def run_program(values: dict[str, Any], *, private_key: str | None = PRIVATE_KEY
         config["kimipd:sshPrivateKey"] = private_key
         if private_key_secret:
             secret_keys.append("kimipd:sshPrivateKey")
+    if router_api_key is not None:
+        config["kimipd:routerApiKey"] = router_api_key
+        secret_keys.append("kimipd:routerApiKey")
     config |= extra_config or {}
     config |= extra_secrets or {}
     secret_keys += list(extra_secrets or {})

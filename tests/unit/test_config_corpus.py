@@ -52,6 +52,7 @@ class Bad:
 class Good:
     label: str
     edit: Edit
+    warns: tuple[str, ...] = ()  # a fragment of each warning preview gives
 
 
 def put(*path_and_value: Any) -> Edit:
@@ -541,7 +542,8 @@ GOOD = [
     Good("gate interval as long as its timeout",
          both(put("gates", "timeoutSeconds", 30), put("gates", "intervalSeconds", 30))),
     Good("rust router, round robin", both(put("router", "kind", "rust"),
-                                          put("router", "policy", "round_robin"))),
+                                          put("router", "policy", "round_robin")),
+         warns=("groups.prefill: the only prefill group", "groups.decode: the only decode group")),
     Good("model carried by the image", both(put("container", "volumes", []),
                                             put("model", "inImage", True))),
     Good("model on its own volume", put("container", "volumes", [
@@ -621,4 +623,6 @@ def test_a_legitimate_edit_is_accepted(case: Good, tmp_path: Path) -> None:
     load_cluster_config(values)
     run = run_program(with_local_files(values, tmp_path))
     assert run.of_type("docker:index/container:Container"), "no container registered"
-    assert run.warnings == []
+    assert len(run.warnings) == len(case.warns), run.warnings
+    for fragment, warning in zip(case.warns, run.warnings):
+        assert fragment in warning, warning

@@ -61,7 +61,7 @@ def test_legitimate_extra_args_are_accepted(pro6000) -> None:
     pro6000["groups"]["decode"]["extraArgs"] = [
         "--mem-frac", "0.8", "--max-running-requests=64", "--cuda-graph-bs", "1", "2", "4",
         "--kv-cache-dtype", "fp8_e4m3"]
-    pro6000["router"]["extraArgs"] = ["--request-timeout-secs", "600"]
+    pro6000["router"]["extraArgs"] = ["--queue-size", "200"]
     load_cluster_config(pro6000)
 
 

@@ -10,11 +10,15 @@ import pytest
 
 from components.config import load_cluster_config
 from components.render import (
+    admit_command,
     container_labels,
     container_mounts,
+    drain_command,
     mooncake_master_command,
     preflight_command,
     router_command,
+    router_plan,
+    router_ready_command,
     sglang_command,
     sglang_env,
     smoke_test_command,
@@ -145,6 +149,37 @@ def test_rust_router_argv_has_its_policy(pro6000: dict) -> None:
     argv = router_command(load_cluster_config(pro6000))
     assert "--mini-lb" not in argv
     assert argv[4:6] == ["--policy", "round_robin"]
+
+
+def test_rust_router_argv_names_no_worker_and_bounds_a_request(pro6000: dict) -> None:
+    pro6000["router"] |= {"kind": "rust", "policy": "round_robin", "decodePolicy": "round_robin"}
+    cfg = load_cluster_config(pro6000)
+    argv = router_command(cfg)
+    assert "--prefill" not in argv and "--decode" not in argv
+    flags = dict(zip(argv[4::2], argv[5::2]))
+    assert flags["--decode-policy"] == "round_robin"
+    assert (flags["--request-timeout-secs"], flags["--retry-max-retries"]) == ("600", "3")
+    assert (flags["--health-check-interval-secs"], flags["--health-failure-threshold"]) == ("5", "2")
+    assert (flags["--prometheus-port"], flags["--prometheus-host"]) == ("29000", "0.0.0.0")
+    # The container runs the same argv behind router-launch.py, which reads the key file.
+    command = router_plan(cfg).command
+    launcher = command.index("/opt/kimipd/router-launch.py")
+    assert command[launcher + 1:launcher + 4] == ["--api-key-file", "/opt/kimipd/router-31000/api-key",
+                                                  "--"]
+    assert command[launcher + 4:] == argv[3:]
+    assert "--header-file /opt/kimipd/router-31000/auth-header" in smoke_test_command(cfg)
+
+
+def test_membership_commands_run_on_the_router_node_with_the_rollout(pro6000: dict) -> None:
+    pro6000["router"] |= {"kind": "rust"}
+    cfg = load_cluster_config(pro6000)
+    drain = drain_command(cfg, "decode")
+    assert drain.startswith("python3 /opt/kimipd/router-members.py drain ")
+    assert "--url http://174.1.60.5:30000 --rollout one-group-at-a-time --drain-timeout 600" in drain
+    assert "--bootstrap-port 8998" in admit_command(cfg, "prefill")
+    assert "--bootstrap-port" not in admit_command(cfg, "decode")
+    ready = router_ready_command(cfg)
+    assert "--expect http://174.1.60.1:30000 --expect http://174.1.60.5:30000" in ready
 
 
 def test_labels_carry_role_and_generation(pro6000: dict) -> None:

@@ -8,7 +8,7 @@ from .extra_args import extra_args_parse
 from .files import model_reachable, mount_points_distinct, node_files_distinct
 from .gates import gate_polls_twice
 from .ports import ports_do_not_collide
-from .router import router_policy
+from .router import router_policy, rust_only_keys
 from .runbook import (compute_network_only, mooncake_new_enough, no_expandable_segments,
                       no_nixl, restart_only_by_the_program)
 from .topology import (both_modes_present, duplicate_nodes, gpus_per_node, group_names,
@@ -31,6 +31,7 @@ RULES = (
     extra_args_parse,
     mooncake_new_enough,
     router_policy,
+    rust_only_keys,
     ports_do_not_collide,
     node_files_distinct,
     gate_polls_twice,

@@ -36,7 +36,11 @@ class ApiHandler(Handler):
             self._send(200, st.models_list())
             return
         if method == "GET" and path in ("/get_load", "/get_loads"):
-            self._send(200, [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}])
+            # What a drain polls: the requests this server is still working on.
+            with st.lock:
+                running = st.num_running_reqs
+            self._send(200, [{"dp_rank": 0, "num_reqs": running, "num_waiting_reqs": 0,
+                              "num_tokens": 0}])
             return
         if method == "GET" and path == "/metrics" and st.args.enable_metrics:
             self._send(200, st.metrics_text(), PROMETHEUS_CTYPE)

@@ -1,0 +1,206 @@
+"""Planned changes that keep serving, through the real engine on the sim with the rust router
+(stack file Pulumi.sim-2p2d.yaml): the worker API refuses a caller without the key; restarting
+one decode group and changing the node files of every group fail no request under bounded load,
+and the router never has zero groups of a mode; a failing canary stops the rollout while the
+groups not yet replaced keep serving. Tests run in file order on one stack."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pulumi import automation as auto
+
+from sim.automation import Project
+from tests.integration.engine import (  # noqa: F401 - fixtures
+    AUTHORIZED, ROUTER, container_ids, env, new_stack, project, sim, sim_values, up_under_load)
+from tests.integration.sim import SimCluster
+
+pytestmark = pytest.mark.timeout(1800)
+
+PREFILL = {"prefill-a": "http://10.231.60.1:30000", "prefill-b": "http://10.231.60.3:30000"}
+DECODE = {"decode-a": "http://10.231.60.5:30000", "decode-b": "http://10.231.60.7:30000"}
+
+
+def workers(headers: dict[str, str] | None = None) -> tuple[int, dict]:
+    request = urllib.request.Request(ROUTER + "/workers", headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as refused:
+        return refused.code, {}
+
+
+class WorkerWatch:
+    """GET /workers every 0.2 s while an `up` runs: the fewest healthy groups of each mode the
+    router had, and when each group left and came back."""
+
+    def __init__(self) -> None:
+        self.fewest = {"prefill": 99, "decode": 99}
+        self.seen: list[tuple[float, frozenset[str]]] = []
+        self.unanswered = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                status, listing = workers(AUTHORIZED)
+            except OSError:
+                status, listing = 0, {}
+            if status != 200:
+                self.unanswered += 1
+                for mode in self.fewest:
+                    self.fewest[mode] = 0
+            else:
+                healthy = frozenset(w["url"] + "|" + w["worker_type"]
+                                    for w in listing.get("workers", []) if w.get("is_healthy"))
+                for mode in self.fewest:
+                    count = sum(1 for entry in healthy if entry.endswith("|" + mode))
+                    self.fewest[mode] = min(self.fewest[mode], count)
+                if not self.seen or self.seen[-1][1] != healthy:
+                    self.seen.append((time.monotonic(), healthy))
+            time.sleep(0.2)
+
+    def __enter__(self) -> WorkerWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def absent(self, url: str, mode: str) -> list[int]:
+        """Indices of the snapshots in which URL was not a healthy worker."""
+        return [i for i, (_, healthy) in enumerate(self.seen) if f"{url}|{mode}" not in healthy]
+
+
+@pytest.fixture(scope="module")
+def stack(project: Project, sim: SimCluster) -> Iterator[auto.Stack]:
+    stack = new_stack(project, sim, "rollout", sim_values(sim, "sim-2p2d"))
+    stack.up()
+    yield stack
+    stack.destroy()
+
+
+def test_the_worker_api_and_generate_need_the_key(stack: auto.Stack) -> None:
+    assert workers()[0] == 401, "GET /workers answered a caller without the key"
+    status, listing = workers(AUTHORIZED)
+    assert status == 200
+    healthy = {w["url"]: w["worker_type"] for w in listing["workers"] if w["is_healthy"]}
+    assert healthy == {**{url: "prefill" for url in PREFILL.values()},
+                       **{url: "decode" for url in DECODE.values()}}
+    body = json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 2}}).encode()
+    request = urllib.request.Request(ROUTER + "/generate", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 401
+    outputs = stack.outputs()
+    assert outputs["routerApiKey"].secret
+    targets = {entry["labels"]["role"] for entry in outputs["prometheusTargets"].value}
+    assert "router" in targets
+
+
+def test_restarting_one_decode_group_fails_no_request(stack: auto.Stack, project: Project,
+                                                      sim: SimCluster) -> None:
+    before = container_ids(sim)
+    groups = sim_values(sim, "sim-2p2d")["groups"]
+    groups["decode-b"]["restartGeneration"] = 1
+    project.update_stack("rollout", {"groups": groups})
+    with WorkerWatch() as watch:
+        _, results = up_under_load(stack, "decode-b restart through the rust router")
+    failed = [status for status in results if status != 200]
+    assert len(results) > 20 and not failed, f"{len(failed)} of {len(results)} failed: {failed[:10]}"
+    assert watch.fewest == {"prefill": 2, "decode": 1}, watch.fewest
+    assert watch.absent(DECODE["decode-b"], "decode"), "decode-b was never drained"
+    assert not watch.absent(DECODE["decode-a"], "decode")
+    after = container_ids(sim)
+    for name, state in before.items():
+        if name.startswith("kimipd-decode-b-"):
+            assert after[name] != state and after[name].endswith("running"), name
+        else:
+            assert after[name] == state, f"{name} changed when only decode-b restarted"
+
+
+def changed_node_files(values: dict, tmp: Path) -> list[dict]:
+    """The stack's node files with the sm_120 patch one comment line longer: a new prepared
+    image on every node, so every group is replaced, and nothing else."""
+    files = values["nodeFiles"]
+    patch = next(f for f in files if f["destination"].endswith(".py"))
+    source = Path(patch["source"]).expanduser()
+    edited = tmp / source.name
+    edited.write_bytes(source.read_bytes() + b"\n# rolled by test_rollout\n")
+    patch |= {"source": str(edited), "sha256": hashlib.sha256(edited.read_bytes()).hexdigest()}
+    return files
+
+
+def test_a_change_to_every_group_rolls_one_group_at_a_time(
+        stack: auto.Stack, project: Project, sim: SimCluster, tmp_path: Path) -> None:
+    before = container_ids(sim)
+    project.update_stack("rollout", {"nodeFiles": changed_node_files(
+        sim_values(sim, "sim-2p2d"), tmp_path)})
+    with WorkerWatch() as watch:
+        _, results = up_under_load(stack, "node files of every group through the rust router")
+    failed = [status for status in results if status != 200]
+    assert len(results) > 20 and not failed, f"{len(failed)} of {len(results)} failed: {failed[:10]}"
+    assert watch.fewest["prefill"] >= 1 and watch.fewest["decode"] >= 1, watch.fewest
+    after = container_ids(sim)
+    for name in before:
+        if "-prefill-" in name or "-decode-" in name:
+            assert after[name] != before[name], f"{name} was not replaced"
+    assert after["kimipd-router"] == before["kimipd-router"], "the router was replaced"
+    # One group of a mode out at a time: the second left only after the first came back.
+    for mode, urls in (("prefill", PREFILL), ("decode", DECODE)):
+        out = {name: watch.absent(url, mode) for name, url in urls.items()}
+        assert all(out.values()), f"a {mode} group was never drained: {out}"
+        first, second = sorted(out, key=lambda name: out[name][0])
+        assert not set(out[first]) & set(out[second]), f"{mode}: both out at once: {out}"
+        assert max(out[first]) < min(out[second]), f"{mode}: {second} left before {first} was back"
+
+
+def test_a_failing_canary_stops_the_rollout_and_the_rest_keep_serving(
+        stack: auto.Stack, project: Project, sim: SimCluster) -> None:
+    values = sim_values(sim, "sim-2p2d")
+    groups = values["groups"]
+    for name in DECODE:
+        groups[name]["env"] = {"SGLANG_STANDIN_EXIT_WHILE_LOADING": "1"}
+    # The untouched group's drain waits this long for the canary before the rollout stops.
+    project.update_stack("rollout", {"groups": groups,
+                                     "gates": values["gates"] | {"timeoutSeconds": 60}})
+    before = container_ids(sim)
+    with pytest.raises(auto.CommandError) as failure:
+        stack.up()
+    message = str(failure.value)
+    after = container_ids(sim)
+    replaced = [name for name in DECODE
+                if after.get(f"kimipd-{name}-r0") != before[f"kimipd-{name}-r0"]]
+    assert len(replaced) == 1, f"the rollout went past its canary: {replaced}"
+    canary = replaced[0]
+    survivor = next(name for name in DECODE if name != canary)
+    assert f"{survivor} keeps running and serving" in message, message[-3000:]
+    assert f"{canary} holds the decode rollout lease" in message, message[-3000:]
+    assert after[f"kimipd-{survivor}-r0"] == before[f"kimipd-{survivor}-r0"]
+    status, listing = workers(AUTHORIZED)
+    healthy = {w["url"] for w in listing["workers"] if w["is_healthy"]}
+    assert DECODE[survivor] in healthy and DECODE[canary] not in healthy, healthy
+    body = json.dumps({"text": "still", "sampling_params": {"max_new_tokens": 2}}).encode()
+    for _ in range(5):
+        request = urllib.request.Request(ROUTER + "/generate", data=body, headers={
+            "Content-Type": "application/json", **AUTHORIZED})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert response.status == 200
+    # Fixed config: the next `up` replaces the canary again, then rolls the rest.
+    project.update_stack("rollout", {"groups": sim_values(sim, "sim-2p2d")["groups"],
+                                     "gates": values["gates"]})
+    stack.refresh()
+    stack.up()
+    status, listing = workers(AUTHORIZED)
+    assert sum(1 for w in listing["workers"] if w["is_healthy"]) == 4, listing
