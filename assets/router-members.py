@@ -123,10 +123,9 @@ class State:
             return None
 
     def take_lease(self, mode: str, group: str) -> None:
-        held = self.lease(mode)
-        since = held[1] if held and held[0] == group else time.time()
+        # Taken again by its holder (a replacement that failed, tried again): a new start.
         with open(self.lease_path(mode) + ".new", "w", encoding="utf-8") as stream:
-            stream.write(f"{group} {since}\n")
+            stream.write(f"{group} {time.time()}\n")
         os.replace(self.lease_path(mode) + ".new", self.lease_path(mode))
 
     def give_back(self, mode: str, group: str) -> bool:
@@ -163,7 +162,9 @@ def drain(args, router: Router, state: State) -> int:
     peers_desired = sorted(g for g, m in desired.items() if m == mode and g != group)
     rolling = args.rollout == "one-group-at-a-time" and group in desired and peers_desired
     start = time.monotonic()
-    last_said, said_at = "", 0.0
+    # The wait is bounded per reason, not in total: with three groups of a mode the last one
+    # waits for two replacements, each of which may take up to the gate timeout.
+    last_said, said_at, reason_since = "", 0.0, start
     while True:
         with state.locked():
             workers = router.workers()
@@ -171,9 +172,9 @@ def drain(args, router: Router, state: State) -> int:
                 log(f"{group}: the router does not answer GET /workers; nothing to drain")
                 return 0
             held = state.lease(mode)
-            waiting_for = None
+            waiting_for, holder_out = None, False
             if rolling:
-                holder_out = held and held[0] != group and held[0] in desired
+                holder_out = bool(held and held[0] != group and held[0] in desired)
                 peers = healthy_peers(workers, mode, url)
                 if holder_out:
                     waiting_for = (f"{held[0]} holds the {mode} rollout lease (drained "
@@ -191,15 +192,21 @@ def drain(args, router: Router, state: State) -> int:
                        if group in desired else "leaving the config")
                 log(f"{group}: removed {removed} registration(s) of {url} from the router ({how})")
                 break
-        elapsed = time.monotonic() - start
-        if elapsed >= args.timeout:
+        now = time.monotonic()
+        elapsed = now - start
+        reason = waiting_for.split(" (")[0]
+        if reason != last_said:
+            reason_since = now
+        # Waiting this long for one holder (or one missing peer): its gate has failed by now.
+        # Not the lease's age: a lease left by an earlier, failed `up` is taken again by its
+        # holder when that group's replacement is retried.
+        if now - reason_since >= args.timeout:
             raise SystemExit(
                 f"router-members: {group} ({mode}) not drained after {elapsed:.0f}s: "
                 f"{waiting_for}. {group} keeps running and serving, untouched; the rollout "
                 f"stops here. Fix the group the lease names (its gate or log says why), then "
                 "`pulumi up` rolls the groups not yet replaced.")
         # Once per reason and every 30 s: the output is kept in the stack's state.
-        reason = waiting_for.split(" (")[0]
         if reason != last_said or elapsed - said_at >= 30:
             log(f"{group}: waiting: {waiting_for}")
             last_said, said_at = reason, elapsed

@@ -1,7 +1,7 @@
 """scripts/bench: run the benchmarks, print one table, write it (and the raw figures) as JSON.
 
-B1, B2, B3 and B5 drive the real engine against the simulated cluster, which other engineers'
-tests share: run it under `flock -o /tmp/kimipd-sim-tests.lock`. B4 needs no sim.
+B1, B2, B3, B5 and B6 drive the real engine against the simulated cluster, which other
+engineers' tests share: run it under `flock -o /tmp/kimipd-sim-tests.lock`. B4 needs no sim.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from sim.automation import REPO
 
 from .report import render, table_rows
 
-ALL = ("B1", "B2", "B3", "B4", "B5")
+ALL = ("B1", "B2", "B3", "B4", "B5", "B6")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -41,6 +41,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="B1's start orders (default both)")
     parser.add_argument("--sizes", default="8,16,32,64",
                         help="B4's node counts (default 8,16,32,64)")
+    parser.add_argument("--rate", type=float, default=20.0,
+                        help="B6's load, requests per second through the router (default 20)")
     args = parser.parse_args(argv)
     args.only = {part.strip().upper() for part in args.only.split(",") if part.strip()}
     unknown = args.only - set(ALL)
@@ -74,7 +76,19 @@ def main(argv: list[str] | None = None) -> int:
         from .program_cost import measure
 
         results["B4"] = measure([int(s) for s in args.sizes.split(",")], args.runs)
-    rows = table_rows(results, args.load_seconds)
+    if "B6" in args.only:
+        from .availability import measure as availability, render as availability_table
+        from .sim_bench import SimUnavailable
+
+        with tempfile.TemporaryDirectory(prefix="kimipd-bench-b6-") as work:
+            try:
+                results["B6"] = availability(Path(work), args.rate)
+            except SimUnavailable as error:
+                print(f"bench: {error}", file=sys.stderr)
+                return 1
+        print(f"B6: {args.rate:g} requests/s through the router during each up")
+        print(availability_table(results["B6"]))
+    rows = table_rows({k: v for k, v in results.items() if k != "B6"}, args.load_seconds)
     machine = f"{platform.node()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
     title = (f"kimipd bench {time.strftime('%Y-%m-%d %H:%M', time.localtime(started))} on "
              f"{machine}; runs {args.runs}, load {args.load_seconds:g}s, parallel "

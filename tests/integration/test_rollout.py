@@ -82,9 +82,18 @@ class WorkerWatch:
         return [i for i, (_, healthy) in enumerate(self.seen) if f"{url}|{mode}" not in healthy]
 
 
+def rollout_values(sim: SimCluster) -> dict:
+    """Pulumi.sim-2p2d.yaml on this sim, with a gate timeout that bounds the canary test: a
+    group's drain waits that long for a canary to come back (its delete command, hence the
+    timeout, is the one its group was created with)."""
+    values = sim_values(sim, "sim-2p2d")
+    values["gates"] = values["gates"] | {"timeoutSeconds": 60}
+    return values
+
+
 @pytest.fixture(scope="module")
 def stack(project: Project, sim: SimCluster) -> Iterator[auto.Stack]:
-    stack = new_stack(project, sim, "rollout", sim_values(sim, "sim-2p2d"))
+    stack = new_stack(project, sim, "rollout", rollout_values(sim))
     stack.up()
     yield stack
     stack.destroy()
@@ -112,7 +121,7 @@ def test_the_worker_api_and_generate_need_the_key(stack: auto.Stack) -> None:
 def test_restarting_one_decode_group_fails_no_request(stack: auto.Stack, project: Project,
                                                       sim: SimCluster) -> None:
     before = container_ids(sim)
-    groups = sim_values(sim, "sim-2p2d")["groups"]
+    groups = rollout_values(sim)["groups"]
     groups["decode-b"]["restartGeneration"] = 1
     project.update_stack("rollout", {"groups": groups})
     with WorkerWatch() as watch:
@@ -146,7 +155,7 @@ def test_a_change_to_every_group_rolls_one_group_at_a_time(
         stack: auto.Stack, project: Project, sim: SimCluster, tmp_path: Path) -> None:
     before = container_ids(sim)
     project.update_stack("rollout", {"nodeFiles": changed_node_files(
-        sim_values(sim, "sim-2p2d"), tmp_path)})
+        rollout_values(sim), tmp_path)})
     with WorkerWatch() as watch:
         _, results = up_under_load(stack, "node files of every group through the rust router")
     failed = [status for status in results if status != 200]
@@ -168,13 +177,11 @@ def test_a_change_to_every_group_rolls_one_group_at_a_time(
 
 def test_a_failing_canary_stops_the_rollout_and_the_rest_keep_serving(
         stack: auto.Stack, project: Project, sim: SimCluster) -> None:
-    values = sim_values(sim, "sim-2p2d")
+    values = rollout_values(sim)
     groups = values["groups"]
     for name in DECODE:
         groups[name]["env"] = {"SGLANG_STANDIN_EXIT_WHILE_LOADING": "1"}
-    # The untouched group's drain waits this long for the canary before the rollout stops.
-    project.update_stack("rollout", {"groups": groups,
-                                     "gates": values["gates"] | {"timeoutSeconds": 60}})
+    project.update_stack("rollout", {"groups": groups})
     before = container_ids(sim)
     with pytest.raises(auto.CommandError) as failure:
         stack.up()
@@ -198,8 +205,7 @@ def test_a_failing_canary_stops_the_rollout_and_the_rest_keep_serving(
         with urllib.request.urlopen(request, timeout=30) as response:
             assert response.status == 200
     # Fixed config: the next `up` replaces the canary again, then rolls the rest.
-    project.update_stack("rollout", {"groups": sim_values(sim, "sim-2p2d")["groups"],
-                                     "gates": values["gates"]})
+    project.update_stack("rollout", {"groups": rollout_values(sim)["groups"]})
     stack.refresh()
     stack.up()
     status, listing = workers(AUTHORIZED)

@@ -1,0 +1,211 @@
+"""assets/router-members.py against the real sglang-router 0.3.2 (started through
+assets/router-launch.py, key from a file) and stand-in servers, all on loopback: admission,
+the rollout lease, a drain that lets an in-flight request finish, and a removal."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.timeout(300)
+
+KEY = "unit-test-router-key"
+MEMBERS = REPO / "assets" / "router-members.py"
+STANDIN = REPO / "sim" / "standin"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_until(predicate, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"not within {seconds}s: {what}")
+
+
+def answers(url: str, headers: dict[str, str] | None = None) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}),
+                                    timeout=2) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+    except OSError:
+        return 0
+
+
+class Cluster:
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self.processes: list[subprocess.Popen] = []
+        self.urls: dict[str, str] = {}
+        self.state = work / "state"
+        self.key_file = work / "api-key"
+        self.key_file.write_text(KEY + "\n")
+        self.router = ""
+        self.bootstrap: dict[str, str] = {}
+
+    def start(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+        log = (self.work / f"{name}.log").open("w")
+        self.processes.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                               stdin=subprocess.DEVNULL, env=env, cwd="/tmp"))
+
+    def server(self, name: str, mode: str, **env: str) -> None:
+        port = free_port()
+        argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(self.work),
+                "--host", "127.0.0.1", "--port", str(port), "--disaggregation-mode", mode]
+        if mode == "prefill":
+            self.bootstrap[name] = str(free_port())
+            argv += ["--disaggregation-bootstrap-port", self.bootstrap[name]]
+        self.start(name, argv, dict(os.environ, PYTHONPATH=str(STANDIN),
+                                    SGLANG_STANDIN_LOAD_SECONDS="0", **env))
+        self.urls[name] = f"http://127.0.0.1:{port}"
+
+    def start_router(self, python: Path) -> None:
+        port = free_port()
+        self.router = f"http://127.0.0.1:{port}"
+        self.start("router", [str(python), str(REPO / "assets" / "router-launch.py"),
+                              "--api-key-file", str(self.key_file), "--", "--pd-disaggregation",
+                              "--policy", "round_robin", "--host", "127.0.0.1", "--port",
+                              str(port), "--prometheus-port", str(free_port())],
+                   dict(os.environ, HF_HUB_OFFLINE="1", HF_ENDPOINT="http://127.0.0.1:9",
+                        NO_PROXY="*"))
+        wait_until(lambda: answers(self.router + "/health") == 200, 30, "router up")
+
+    def members(self, action: str, name: str = "", *extra: str,
+                timeout: float = 20) -> subprocess.CompletedProcess:
+        argv = [sys.executable, str(MEMBERS), action, "--router", self.router,
+                "--api-key-file", str(self.key_file), "--state-dir", str(self.state),
+                "--timeout", f"{timeout:g}", "--interval", "0.2", *extra]
+        if name:
+            mode = "prefill" if name.startswith("prefill") else "decode"
+            argv += ["--group", name, "--mode", mode, "--url", self.urls[name]]
+            if action == "admit" and mode == "prefill":
+                argv += ["--bootstrap-port", self.bootstrap[name]]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+
+    def healthy(self) -> set[str]:
+        request = urllib.request.Request(self.router + "/workers",
+                                         headers={"Authorization": f"Bearer {KEY}"})
+        with urllib.request.urlopen(request, timeout=5) as response:
+            listing = json.load(response)
+        by_url = {url: name for name, url in self.urls.items()}
+        return {by_url[w["url"]] for w in listing["workers"] if w["is_healthy"]}
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.terminate()
+        for process in self.processes:
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Iterator[Cluster]:
+    real = os.environ.get("KIMIPD_REAL_SGLANG_VENV")
+    assert real, "KIMIPD_REAL_SGLANG_VENV is unset: scripts/test makes the real router's venv"
+    cluster = Cluster(tmp_path_factory.mktemp("router-members"))
+    try:
+        cluster.server("prefill-a", "prefill")
+        cluster.server("decode-a", "decode", SGLANG_STANDIN_DECODE_TOKENS_PER_S="4")
+        cluster.server("decode-b", "decode")
+        for url in cluster.urls.values():
+            wait_until(lambda url=url: answers(url + "/health") == 200, 30, f"{url} healthy")
+        cluster.start_router(Path(real) / "bin" / "python")
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def test_the_key_stays_off_the_command_line_and_guards_the_worker_api(cluster: Cluster) -> None:
+    assert answers(cluster.router + "/workers") == 401
+    assert answers(cluster.router + "/workers", {"Authorization": f"Bearer {KEY}"}) == 200
+    router = cluster.processes[-1]
+    assert KEY.encode() not in Path(f"/proc/{router.pid}/cmdline").read_bytes()
+
+
+def test_admission_registers_each_group_and_the_router_becomes_ready(cluster: Cluster) -> None:
+    for name in cluster.urls:
+        assert cluster.members("want", name).returncode == 0
+        admitted = cluster.members("admit", name)
+        assert admitted.returncode == 0, admitted.stderr
+        assert f"{name}: admitted, healthy in the router" in admitted.stdout
+    ready = cluster.members("ready", "", *[arg for url in cluster.urls.values()
+                                           for arg in ("--expect", url)])
+    assert ready.returncode == 0, ready.stderr
+    assert cluster.healthy() == set(cluster.urls)
+
+
+def test_the_lease_lets_one_group_of_a_mode_out_at_a_time(cluster: Cluster) -> None:
+    drained = cluster.members("drain", "decode-a", "--drain-timeout", "5")
+    assert drained.returncode == 0, drained.stderr
+    assert "lease taken" in drained.stdout and cluster.healthy() == {"prefill-a", "decode-b"}
+    refused = cluster.members("drain", "decode-b", "--drain-timeout", "5", timeout=2)
+    assert refused.returncode == 1
+    assert "decode-a holds the decode rollout lease" in refused.stderr
+    assert "decode-b keeps running and serving" in refused.stderr
+    assert cluster.healthy() == {"prefill-a", "decode-b"}, "decode-b was drained anyway"
+    readmitted = cluster.members("admit", "decode-a")
+    assert "decode rollout lease given back" in readmitted.stdout, readmitted.stdout
+    assert cluster.members("drain", "decode-b", "--drain-timeout", "5").returncode == 0
+    assert cluster.healthy() == {"prefill-a", "decode-a"}
+    assert cluster.members("admit", "decode-b").returncode == 0
+
+
+def test_a_drain_waits_for_the_request_in_flight(cluster: Cluster) -> None:
+    """decode-a generates 4 tokens/s: a 12-token request is in flight there for about 3 s."""
+    outcome: dict[str, int] = {}
+
+    def slow_request() -> None:
+        body = json.dumps({"text": "slow", "sampling_params": {"max_new_tokens": 12}}).encode()
+        request = urllib.request.Request(cluster.router + "/generate", data=body, headers={
+            "Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            outcome["status"] = response.status
+
+    # decode-b out, so the request surely goes to decode-a; then decode-a drained under it.
+    assert cluster.members("drain", "decode-b", "--drain-timeout", "5").returncode == 0
+    client = threading.Thread(target=slow_request)
+    client.start()
+    time.sleep(1.0)
+    cluster.members("admit", "decode-b")
+    started = time.monotonic()
+    drained = cluster.members("drain", "decode-a", "--drain-timeout", "30")
+    took = time.monotonic() - started
+    client.join(30)
+    assert drained.returncode == 0, drained.stderr
+    assert outcome.get("status") == 200, "the request in flight on the drained group failed"
+    assert took >= 1.0 and "no requests running" in drained.stdout, (took, drained.stdout)
+    assert cluster.members("admit", "decode-a").returncode == 0
+
+
+def test_a_group_leaving_the_config_goes_without_waiting_for_a_peer(cluster: Cluster) -> None:
+    assert cluster.members("drain", "decode-a", "--drain-timeout", "5").returncode == 0
+    # decode-a holds the lease (drained for a replacement); decode-b leaves the config instead.
+    assert cluster.members("unwant", "decode-b").returncode == 0
+    gone = cluster.members("drain", "decode-b", "--drain-timeout", "5", timeout=2)
+    assert gone.returncode == 0, gone.stderr
+    assert "leaving the config" in gone.stdout
+    assert cluster.healthy() == {"prefill-a"}
