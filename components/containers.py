@@ -16,7 +16,8 @@ def node_container(plan: ContainerPlan, node: Node, *, depends_on: Sequence[pulu
                    resource_name: str | None = None,
                    aliases: Sequence[pulumi.Alias] = (),
                    extra_labels: Mapping[str, pulumi.Input[str]] | None = None,
-                   image: pulumi.Input[str] | None = None) -> docker.Container:
+                   image: pulumi.Input[str] | None = None,
+                   stop_grace_seconds: int | None = None) -> docker.Container:
     """Host network and host IPC: NCCL, RDMA and the KV bootstrap bind the node's addresses.
 
     A container found stopped (`refresh` records `mustRun` drift) is replaced, not restarted in
@@ -50,6 +51,9 @@ def node_container(plan: ContainerPlan, node: Node, *, depends_on: Sequence[pulu
         volumes=[docker.ContainerVolumeArgs(host_path=h, container_path=c, read_only=ro)
                  for h, c, ro in plan.mounts],
         must_run=True,
+        # Set: removed with SIGTERM and this long to finish (the rust router's in-flight
+        # requests); unset: `docker rm -f` at once.
+        destroy_grace_seconds=stop_grace_seconds,
         opts=pulumi.ResourceOptions(
             parent=parent, provider=node.provider, depends_on=[*node.ready, *depends_on],
             replace_on_changes=["mustRun"], aliases=list(aliases) or None,

@@ -62,7 +62,9 @@ class Router(pulumi.ComponentResource):
         self.container = node_container(
             plan, node, depends_on=[*wait_for, *([self.api_key_file] if self.api_key_file else [])],
             parent=self, extra_labels=extra_labels,
-            image=node.image_id if cfg.router.kind == "rust" else None)
+            image=node.image_id if cfg.router.kind == "rust" else None,
+            stop_grace_seconds=(cfg.router.drain_timeout_seconds + 5
+                                if cfg.router.kind == "rust" else None))
         self.gate = HealthGate(f"{plan.role}-ready", cfg, nodes, [plan], [self.container],
                                opts=pulumi.ResourceOptions(parent=self))
         self.url = pulumi.Output.from_input(router_url(cfg))

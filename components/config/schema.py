@@ -121,7 +121,8 @@ class RouterSpec(Model):
     health_check_interval_seconds: int = Field(default=5, ge=1)
     health_failure_threshold: int = Field(default=2, ge=1)
     # rust only: how long a drain waits for a removed group's in-flight requests to finish
-    # before its containers are replaced anyway.
+    # before its containers are replaced anyway; also the router's own shutdown grace when it
+    # is replaced.
     drain_timeout_seconds: int = Field(default=600, ge=0)
     extra_args: list[str] = []
 

@@ -41,6 +41,9 @@ def router_command(cfg: ClusterConfig) -> list[str]:
             "--health-failure-threshold", str(router.health_failure_threshold),
             "--prometheus-port", str(router.metrics_port),
             "--prometheus-host", "0.0.0.0",
+            # On SIGTERM (its container replaced) it stops accepting and lets the requests it has
+            # finish for this long; docker waits as long before killing it (Router).
+            "--shutdown-grace-period-secs", str(router.drain_timeout_seconds),
         ]
     args += ["--host", router.host, "--port", str(router.port)]
     return args + list(router.extra_args)

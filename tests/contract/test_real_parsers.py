@@ -131,6 +131,7 @@ def expected_router_values(cfg: ClusterConfig) -> dict[str, Any]:
         "health_failure_threshold": router.health_failure_threshold,
         "prometheus_port": router.metrics_port,
         "prometheus_host": "0.0.0.0",
+        "shutdown_grace_period_secs": router.drain_timeout_seconds,
     }
 
 

@@ -43,6 +43,7 @@ MANAGED_ROUTER_FLAGS = {
     "health_check_interval_secs": "router.healthCheckIntervalSeconds",
     "health_failure_threshold": "router.healthFailureThreshold",
     "api_key": "the secret routerApiKey (never on a command line)",
+    "shutdown_grace_period_secs": "router.drainTimeoutSeconds",
     "prefill": "groups (every prefill group is passed with its bootstrap port)",
     "decode": "groups (every decode group is passed)",
     "host": "router.host",
