@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """The rust router's membership, run on the router's node (stdlib only, python3 >= 3.8).
 
-  want    --group G --mode M --url URL       G should serve (a marker the drain reads)
+  want    --group G --mode M --url URL [--bootstrap-port N]
+                                             G should serve (a marker the drain and restore read)
   unwant  --group G --mode M --url URL       G is leaving the config (or the stack is destroyed)
   drain   --group G --mode M --url URL --rollout R --drain-timeout S
   admit   --group G --mode M --url URL [--bootstrap-port N]
   ready   --expect URL ...                   /readiness and every URL registered and healthy
+  restore                                    a new router: register every group that should
+                                             serve and is not out for its replacement
 
 Common: --router URL (loopback) --api-key-file F --state-dir D --timeout S --interval S.
 
@@ -18,6 +21,10 @@ The rollout lease (one-group-at-a-time): a group is removed from the router only
 group of its mode is registered and healthy, and only one group per mode is out at a time: its
 drain writes lease-MODE, its admission removes it. Under a file lock, so two drains that start
 together cannot both see the other as the healthy one.
+
+A replaced router starts with no worker; `restore` gives it at once every group that is running
+and not drained (the markers name them), so a change that replaces the router and every group
+(an image, restartGeneration) still rolls the groups behind a router that serves.
 """
 
 from __future__ import annotations
@@ -102,14 +109,18 @@ class State:
     def marker(self, group: str) -> str:
         return os.path.join(self.directory, "desired", group)
 
-    def desired(self) -> dict[str, str]:
-        """group -> mode of every group that should serve."""
+    def members(self) -> dict[str, list[str]]:
+        """group -> [mode, url, bootstrap port or "-"] of every group that should serve."""
         found = {}
         folder = os.path.join(self.directory, "desired")
         for name in os.listdir(folder):
             with open(os.path.join(folder, name), encoding="utf-8") as stream:
-                found[name] = stream.read().strip()
+                found[name] = (stream.read().split() + ["", "", "-"])[:3]
         return found
+
+    def desired(self) -> dict[str, str]:
+        """group -> mode of every group that should serve."""
+        return {name: fields[0] for name, fields in self.members().items()}
 
     def lease_path(self, mode: str) -> str:
         return os.path.join(self.directory, f"lease-{mode}")
@@ -168,12 +179,15 @@ def drain(args, router: Router, state: State) -> int:
     while True:
         with state.locked():
             workers = router.workers()
-            if workers is None:
+            if workers is None and not rolling:
                 log(f"{group}: the router does not answer GET /workers; nothing to drain")
                 return 0
             held = state.lease(mode)
             waiting_for, holder_out = None, False
-            if rolling:
+            if rolling and workers is None:
+                # Being replaced itself: the new one gets the serving groups (restore) first.
+                waiting_for = "the router does not answer GET /workers (being replaced?)"
+            elif rolling:
                 holder_out = bool(held and held[0] != group and held[0] in desired)
                 peers = healthy_peers(workers, mode, url)
                 if holder_out:
@@ -186,6 +200,7 @@ def drain(args, router: Router, state: State) -> int:
                 else:
                     state.take_lease(mode, group)
             if waiting_for is None:
+                workers = workers or []
                 removed = remove_from_router(router, url)
                 how = (f"lease taken; {', '.join(healthy_peers(workers, mode, url))} keep serving"
                        if rolling else "no other group of its mode to keep serving"
@@ -260,6 +275,36 @@ def admit(args, router: Router, state: State) -> int:
         time.sleep(args.interval)
 
 
+def restore(args, router: Router, state: State) -> int:
+    """Register, on a router that has just started, every group that should serve and does not
+    hold its mode's lease (out for its replacement: its admission brings it back)."""
+    start = time.monotonic()
+    while router.workers() is None:
+        if time.monotonic() - start >= args.timeout:
+            raise SystemExit(f"router-members: the router does not answer after {args.timeout}s")
+        time.sleep(args.interval)
+    with state.locked():
+        out = {mode: held[0] for mode in ("prefill", "decode")
+               if (held := state.lease(mode)) is not None}
+        registered_urls = {w.get("url") for w in router.workers() or []}
+        for group, (mode, url, bootstrap) in sorted(state.members().items()):
+            if out.get(mode) == group:
+                log(f"{group}: out for its replacement (holds the {mode} lease); its admission "
+                    "registers it")
+                continue
+            if not url or url in registered_urls:
+                continue
+            body = {"url": url, "worker_type": mode}
+            if bootstrap != "-":
+                body["bootstrap_port"] = int(bootstrap)
+            status, answer = router.call("POST", "/workers", body)
+            if status not in (200, 201, 202, 409):
+                raise SystemExit(f"router-members: POST /workers for {group} ({url}) answered "
+                                 f"HTTP {status}: {answer}")
+            log(f"{group}: registration queued ({url})")
+    return 0
+
+
 def ready(args, router: Router) -> int:
     start = time.monotonic()
     last = ""
@@ -282,7 +327,8 @@ def ready(args, router: Router) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="router-members.py")
-    parser.add_argument("action", choices=["want", "unwant", "drain", "admit", "ready"])
+    parser.add_argument("action", choices=["want", "unwant", "drain", "admit", "ready",
+                                           "restore"])
     parser.add_argument("--router", required=True)
     parser.add_argument("--api-key-file", required=True)
     parser.add_argument("--state-dir", required=True)
@@ -299,8 +345,9 @@ def main() -> int:
     args = parser.parse_args()
     state = State(args.state_dir)
     if args.action == "want":
+        bootstrap = "-" if args.bootstrap_port is None else str(args.bootstrap_port)
         with open(state.marker(args.group), "w", encoding="utf-8") as stream:
-            stream.write(args.mode + "\n")
+            stream.write(f"{args.mode} {args.url} {bootstrap}\n")
         return 0
     if args.action == "unwant":
         if os.path.exists(state.marker(args.group)):
@@ -311,6 +358,8 @@ def main() -> int:
         return drain(args, router, state)
     if args.action == "admit":
         return admit(args, router, state)
+    if args.action == "restore":
+        return restore(args, router, state)
     return ready(args, router)
 
 

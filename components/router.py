@@ -14,6 +14,7 @@ from .node import Node
 from .render import (
     admit_command,
     drain_command,
+    restore_command,
     router_api_key_file,
     router_auth_header_file,
     router_plan,
@@ -67,6 +68,16 @@ class Router(pulumi.ComponentResource):
                                 if cfg.router.kind == "rust" else None))
         self.gate = HealthGate(f"{plan.role}-ready", cfg, nodes, [plan], [self.container],
                                opts=pulumi.ResourceOptions(parent=self))
+        self.restore: command.remote.Command | None = None
+        if cfg.router.kind == "rust":
+            # A new router starts with no worker: the groups already serving join it at once,
+            # without waiting for their admissions (which also wait for their own gates).
+            self.restore = command.remote.Command(
+                "router-restore",
+                connection=node.connection,
+                create=restore_command(cfg),
+                triggers=[self.container.id],
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.gate]))
         self.url = pulumi.Output.from_input(router_url(cfg))
         self.register_outputs({"url": self.url})
 
@@ -103,7 +114,8 @@ class Membership(pulumi.ComponentResource):
             create=admit_command(cfg, name),
             triggers=[router.container.id, *[check.id for check in group.gate.checks]],
             opts=pulumi.ResourceOptions(parent=self, depends_on=[
-                group.gate, router.gate, self.want, self.drain]))
+                group.gate, router.gate, self.want, self.drain,
+                *([router.restore] if router.restore else [])]))
         self.register_outputs({})
 
 

@@ -11,8 +11,8 @@ and `layout.py` where things live on a node.
 
 from .container_plan import ContainerPlan, container_labels, container_mounts, env_list
 from .layout import MOONCAKE_MASTER, NODE_ASSET_DIR, NODE_SCRIPTS, ROUTER, rank_role
-from .membership import (admit_command, drain_command, router_ready_command, unwant_command,
-                         want_command)
+from .membership import (admit_command, drain_command, restore_command, router_ready_command,
+                         unwant_command, want_command)
 from .mooncake_master import mooncake_master_address, mooncake_master_command, mooncake_master_plan
 from .node_files import (prepare_dirs_command, prepare_image_command, prepared_image_id,
                          prepared_image_tag)
@@ -32,6 +32,7 @@ __all__ = [
     "ContainerPlan",
     "admit_command",
     "drain_command",
+    "restore_command",
     "router_api_key_file",
     "router_auth_header_file",
     "router_ready_command",

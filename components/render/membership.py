@@ -10,6 +10,9 @@ different times (docs/decisions.md):
   the group from the router and waits for its in-flight requests.
 - admit: registers rank 0 (with the bootstrap port for prefill), waits until the router sees it
   healthy and gives the lease back. Replaced when the group or the router is.
+And one for the router: restore, when it is new, registers every group the markers name that is
+not out for its replacement, so a change that replaces the router and every group (an image,
+restartGeneration) rolls the groups behind a router that serves.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ def _group_args(cfg: ClusterConfig, group_name: str) -> list[str]:
 
 
 def want_command(cfg: ClusterConfig, group_name: str) -> str:
-    return _members(cfg, "want", *_group_args(cfg, group_name))
+    # Where and how to register it too: a replaced router gets it back from the marker (restore).
+    return _members(cfg, "want", *_group_args(cfg, group_name), *_bootstrap(cfg, group_name))
 
 
 def unwant_command(cfg: ClusterConfig, group_name: str) -> str:
@@ -51,10 +55,19 @@ def drain_command(cfg: ClusterConfig, group_name: str) -> str:
                     "--drain-timeout", str(cfg.router.drain_timeout_seconds))
 
 
-def admit_command(cfg: ClusterConfig, group_name: str) -> str:
+def _bootstrap(cfg: ClusterConfig, group_name: str) -> list[str]:
     group = cfg.groups[group_name]
-    bootstrap = ["--bootstrap-port", str(group.bootstrap_port)] if group.mode == "prefill" else []
-    return _members(cfg, "admit", *_group_args(cfg, group_name), *bootstrap)
+    return ["--bootstrap-port", str(group.bootstrap_port)] if group.mode == "prefill" else []
+
+
+def admit_command(cfg: ClusterConfig, group_name: str) -> str:
+    return _members(cfg, "admit", *_group_args(cfg, group_name), *_bootstrap(cfg, group_name))
+
+
+def restore_command(cfg: ClusterConfig) -> str:
+    """A new router's first step: every group that should serve and is not out for its
+    replacement, registered at once (the rest come back through their admission)."""
+    return _members(cfg, "restore")
 
 
 def router_ready_command(cfg: ClusterConfig) -> str:

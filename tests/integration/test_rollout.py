@@ -175,6 +175,34 @@ def test_a_change_to_every_group_rolls_one_group_at_a_time(
         assert max(out[first]) < min(out[second]), f"{mode}: {second} left before {first} was back"
 
 
+def test_a_change_that_replaces_the_router_too_rolls_behind_the_new_one(
+        stack: auto.Stack, project: Project, sim: SimCluster) -> None:
+    """The global restartGeneration replaces every container, the router with them: only the
+    router's own swap may fail requests (refused, or 503 before the serving groups are back);
+    from then on the new router always has a group of each mode while the groups roll."""
+    before = container_ids(sim)
+    project.update_stack("rollout", {"restartGeneration": 1})
+    with WorkerWatch() as watch:
+        _, results = up_under_load(stack, "restartGeneration (router and every group)")
+    after = container_ids(sim)
+    assert all(after[name] != before[name] for name in before), "a container was not replaced"
+    failed = [status for status in results if status != 200]
+    assert set(failed) <= {0, 503}, f"failures other than the router's swap: {failed}"
+    assert len(failed) <= 60, f"{len(failed)} of {len(results)} failed"
+    back = next(i for i, (_, healthy) in enumerate(watch.seen)
+                if all(any(e.endswith("|" + mode) for e in healthy)
+                       for mode in ("prefill", "decode")))
+    for _, healthy in watch.seen[back:]:
+        for mode in ("prefill", "decode"):
+            assert any(entry.endswith("|" + mode) for entry in healthy), (mode, watch.seen)
+    # ... and the groups still went one of a mode at a time.
+    for mode, urls in (("prefill", PREFILL), ("decode", DECODE)):
+        out = {name: [i for i in watch.absent(url, mode) if i >= back] for name, url in urls.items()}
+        assert all(out.values()), f"a {mode} group was never drained after the router: {out}"
+        assert not set(out["prefill-a" if mode == "prefill" else "decode-a"]) & set(
+            out["prefill-b" if mode == "prefill" else "decode-b"]), f"{mode}: both out: {out}"
+
+
 def test_a_failing_canary_stops_the_rollout_and_the_rest_keep_serving(
         stack: auto.Stack, project: Project, sim: SimCluster) -> None:
     values = rollout_values(sim)

@@ -73,6 +73,17 @@ def test_a_groups_drain_goes_before_its_containers_and_follows_rank0(run: Run) -
         assert "unwant" in want.inputs["delete"]
 
 
+def test_a_new_router_gets_the_serving_groups_before_any_admission(run: Run) -> None:
+    restore = run.named("router-restore")
+    assert restore.inputs["triggers"] == ["router-id"]
+    assert run.waits_for(restore, run.named("router-ready"))
+    for group in GROUPS:
+        assert not run.waits_for(restore, run.named(f"{group}-ready")), group
+        assert run.waits_for(run.named(f"{group}-admit"), restore), group
+        want = run.named(f"{group}-want").inputs["create"]
+        assert ("--bootstrap-port 8998" in want) == group.startswith("prefill"), want
+
+
 def test_the_api_key_is_a_secret_on_stdin_and_never_on_a_command_line(run: Run) -> None:
     key_file = run.named("router-api-key")
     assert key_file.raw_inputs["stdin"].get(SIG_KEY) == SECRET_SIG

@@ -99,7 +99,7 @@ class Cluster:
         if name:
             mode = "prefill" if name.startswith("prefill") else "decode"
             argv += ["--group", name, "--mode", mode, "--url", self.urls[name]]
-            if action == "admit" and mode == "prefill":
+            if action in ("admit", "want") and mode == "prefill":
                 argv += ["--bootstrap-port", self.bootstrap[name]]
         return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
 
@@ -209,3 +209,16 @@ def test_a_group_leaving_the_config_goes_without_waiting_for_a_peer(cluster: Clu
     assert gone.returncode == 0, gone.stderr
     assert "leaving the config" in gone.stdout
     assert cluster.healthy() == {"prefill-a"}
+
+
+def test_restore_gives_a_new_router_every_group_not_out_for_its_replacement(
+        cluster: Cluster) -> None:
+    """What a replaced router gets at once: decode-a holds the lease (drained above, out for its
+    replacement) and stays out; decode-b, wanted again, and prefill-a are registered."""
+    assert cluster.members("want", "decode-b").returncode == 0
+    restored = cluster.members("restore")
+    assert restored.returncode == 0, restored.stderr
+    assert "decode-a: out for its replacement" in restored.stdout
+    wait_until(lambda: cluster.healthy() == {"prefill-a", "decode-b"}, 20,
+               "decode-b registered by restore, decode-a left out")
+    assert cluster.members("admit", "decode-a").returncode == 0
