@@ -89,7 +89,7 @@ class Cluster(pulumi.ComponentResource):
             # Its worker list is fixed at start: every group healthy, whatever the start order.
             self.router = Router(cfg, self.nodes, wait_for=[*prefill_gates, *decode_gates],
                                  opts=child)
-            router_gates: list = []
+            router_gates: list[RouterReadiness] = []
         else:
             # Up with the nodes; each group joins it through its Membership once its own gate
             # passes, and leaves it (drained) before its containers are replaced.
