@@ -44,7 +44,8 @@ class WorkerWatch:
 
     def __init__(self) -> None:
         self.fewest = {"prefill": 99, "decode": 99}
-        self.seen: list[tuple[float, frozenset[str]]] = []
+        # (when, healthy "url|mode" entries), None while the router does not answer
+        self.seen: list[tuple[float, frozenset[str] | None]] = []
         self.unanswered = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -59,6 +60,8 @@ class WorkerWatch:
                 self.unanswered += 1
                 for mode in self.fewest:
                     self.fewest[mode] = 0
+                if not self.seen or self.seen[-1][1] is not None:
+                    self.seen.append((time.monotonic(), None))
             else:
                 healthy = frozenset(w["url"] + "|" + w["worker_type"]
                                     for w in listing.get("workers", []) if w.get("is_healthy"))
@@ -79,7 +82,14 @@ class WorkerWatch:
 
     def absent(self, url: str, mode: str) -> list[int]:
         """Indices of the snapshots in which URL was not a healthy worker."""
-        return [i for i, (_, healthy) in enumerate(self.seen) if f"{url}|{mode}" not in healthy]
+        return [i for i, (_, healthy) in enumerate(self.seen)
+                if healthy is None or f"{url}|{mode}" not in healthy]
+
+    def serving(self, index: int) -> bool:
+        """The router answered with a healthy group of each mode."""
+        healthy = self.seen[index][1]
+        return healthy is not None and all(any(entry.endswith("|" + mode) for entry in healthy)
+                                           for mode in ("prefill", "decode"))
 
 
 def rollout_values(sim: SimCluster) -> dict:
@@ -189,12 +199,14 @@ def test_a_change_that_replaces_the_router_too_rolls_behind_the_new_one(
     failed = [status for status in results if status != 200]
     assert set(failed) <= {0, 503}, f"failures other than the router's swap: {failed}"
     assert len(failed) <= 60, f"{len(failed)} of {len(results)} failed"
-    back = next(i for i, (_, healthy) in enumerate(watch.seen)
-                if all(any(e.endswith("|" + mode) for e in healthy)
-                       for mode in ("prefill", "decode")))
-    for _, healthy in watch.seen[back:]:
-        for mode in ("prefill", "decode"):
-            assert any(entry.endswith("|" + mode) for entry in healthy), (mode, watch.seen)
+    indices = range(len(watch.seen))
+    swap = next((i for i in indices if not watch.serving(i)), None)
+    assert swap is not None, "the router never stopped serving: was it replaced?"
+    back = next(i for i in indices if i > swap and watch.serving(i))
+    print(f"router swap: {watch.seen[back][0] - watch.seen[swap][0]:.1f}s without a group of "
+          f"each mode; snapshots: {len(watch.seen)}")
+    lost = [i for i in indices if i > back and not watch.serving(i)]
+    assert not lost, f"the new router lost a mode while the groups rolled: {watch.seen[back:]}"
     # ... and the groups still went one of a mode at a time.
     for mode, urls in (("prefill", PREFILL), ("decode", DECODE)):
         out = {name: [i for i in watch.absent(url, mode) if i >= back] for name, url in urls.items()}
