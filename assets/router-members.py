@@ -200,7 +200,6 @@ def drain(args, router: Router, state: State) -> int:
                 else:
                     state.take_lease(mode, group)
             if waiting_for is None:
-                workers = workers or []
                 removed = remove_from_router(router, url)
                 how = (f"lease taken; {', '.join(healthy_peers(workers, mode, url))} keep serving"
                        if rolling else "no other group of its mode to keep serving"

@@ -89,7 +89,6 @@ class Membership(pulumi.ComponentResource):
     def __init__(self, name: str, cfg: ClusterConfig, node: Node, router: Router,
                  group: ServingGroup, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("kimipd:router:Membership", name, None, opts)
-        router_ready = [router.container, *([router.api_key_file] if router.api_key_file else [])]
         # Replaced with the group's containers (rank 0's id: whatever replaces rank 0 replaces
         # the group), and deleted before them: its delete is the drain.
         self.drain = command.remote.Command(
@@ -99,7 +98,7 @@ class Membership(pulumi.ComponentResource):
             delete=drain_command(cfg, name),
             triggers=[group.containers[0].id],
             opts=pulumi.ResourceOptions(parent=self,
-                                        depends_on=[*group.containers, *router_ready]))
+                                        depends_on=[*group.containers, router.container]))
         # Outlives replacements; deleted first when the group leaves the config or the stack is
         # destroyed, so the drain then removes the group without waiting for a peer.
         self.want = command.remote.Command(
