@@ -134,6 +134,8 @@ class Stack:
     roles: frozenset[str] = frozenset()
     # The rust router's key (the secret routerApiKey), for requests sent from here.
     router_api_key: str | None = None
+    # The config's `serving` (false: nothing is meant to run, even before an `up` applies it).
+    serving_config: bool = True
 
 
 def _pulumi_entry(entry: Any) -> bool:
@@ -271,4 +273,5 @@ def load_stack(stack: str | None, cwd: Path = REPO, outputs_file: Path | None = 
                  access=access_from_config(values, private_key),
                  verification=verification_from_config(values),
                  roles=roles_from_config(values),
-                 router_api_key=router_key)
+                 router_api_key=router_key,
+                 serving_config=values.get("serving", True) not in (False, "false"))

@@ -126,9 +126,13 @@ def container_ids(sim: SimCluster) -> dict[str, str]:
 ROUTER = "http://10.231.60.5:31000"
 
 
-def generate_loop(stop: threading.Event, results: list[int], limit: int = 2000) -> None:
+def generate_loop(stop: threading.Event, results: list[int], limit: int = 2000,
+                  times: list[tuple[float, float]] | None = None) -> None:
+    """One request at a time until STOP; RESULTS gets each HTTP status (0: no answer), TIMES
+    (if given) when each was sent and answered (time.monotonic())."""
     body = json.dumps({"text": "load", "sampling_params": {"max_new_tokens": 4}}).encode()
     while not stop.is_set() and len(results) < limit:
+        sent = time.monotonic()
         # The key is sent to MiniLB too, which ignores it.
         request = urllib.request.Request(ROUTER + "/generate", data=body,
                                          headers={"Content-Type": "application/json",
@@ -140,6 +144,8 @@ def generate_loop(stop: threading.Event, results: list[int], limit: int = 2000) 
             results.append(failure.code)
         except OSError:
             results.append(0)
+        if times is not None:
+            times.append((sent, time.monotonic()))
         time.sleep(0.05)
 
 

@@ -1,0 +1,272 @@
+"""`kimipd reconcile`: one pass, or a pass every N seconds (--watch), that heals a stack's dead
+groups with the engine: read the stack, probe every container (as `kimipd status`), decide
+(`heal_policy`), and when a heal is due and allowed run `refresh` + `up` (`stack_engine`), so the
+broken group is replaced whole, gated, re-admitted and smoke-tested like any `up`. Every
+decision is a JSON line; the figures go to a Prometheus text file and/or a /metrics endpoint."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, TextIO
+
+from . import status as status_command
+from .heal_policy import (MESSAGE_PREFIX, REFUSED, SERVING, WAITING, Decision, Limits, Memory,
+                          assess, breakages, engine_checks, finish_heal, forget_heal,
+                          start_heal)
+from .probe import Prober
+from .remote import Transport
+from .stack import Access, Stack, StackError
+from .stack_engine import StackEngine, StackLocked
+
+
+@dataclass(frozen=True)
+class Settings:
+    stack: str
+    project_dir: Path
+    limits: Limits
+    dry_run: bool
+    state_file: Path
+    log: TextIO
+    metrics_file: Path | None = None
+    probe_timeout: float = 5.0
+    # One readable line per decision (the journal, with --log FILE); None: the JSON lines only.
+    echo: TextIO | None = None
+
+
+def default_state_file(stack: str) -> Path:
+    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    return base / "kimipd" / f"reconcile-{stack}.json"
+
+
+def load_memory(path: Path) -> Memory:
+    try:
+        return Memory.from_json(json.loads(path.read_text()))
+    except FileNotFoundError:
+        return Memory()
+    except (OSError, ValueError, TypeError) as error:
+        raise StackError(f"{path}: the reconcile state cannot be read ({error}); move it "
+                         "away to start afresh (the heal counts restart at 0)") from None
+
+
+def save_memory(path: Path, memory: Memory) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(memory.as_json(), indent=1) + "\n")
+    partial.replace(path)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def metrics_text(stack: str, memory: Memory, decision: Decision | None, now: float) -> str:
+    """Prometheus text exposition of what reconcile did and saw."""
+    label = f'stack="{_escape(stack)}"'
+    lines: list[str] = []
+
+    def family(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} {kind}")
+        lines.extend(f"{name}{{{labels}}} {value:.15g}" for labels, value in samples)
+
+    units = sorted(memory.units.items())
+    family("kimipd_reconcile_heals_total", "counter",
+           "Heals whose refresh and up converged, per unit (group, mooncake-master, router).",
+           [(f'{label},unit="{_escape(n)}"', u.healed_total) for n, u in units])
+    family("kimipd_reconcile_heal_failures_total", "counter", "Heals that failed, per unit.",
+           [(f'{label},unit="{_escape(n)}"', u.failed_total) for n, u in units])
+    family("kimipd_reconcile_heals_last_hour", "gauge",
+           "Heals started in the last hour, per unit (compared with --max-heals-per-hour).",
+           [(f'{label},unit="{_escape(n)}"', len([t for t in u.heals if now - t < 3600]))
+            for n, u in units])
+    family("kimipd_reconcile_broken_units", "gauge", "Units found broken by the last pass.",
+           [(label, len(decision.units) if decision and decision.kind != "healed" else 0)])
+    if decision is not None:
+        family("kimipd_reconcile_last_decision", "gauge",
+               "1 for the last pass's decision (healthy, grace, healed, limited, ...).",
+               [(f'{label},decision="{decision.kind}"', 1)])
+    if memory.last_pass is not None:
+        family("kimipd_reconcile_last_pass_timestamp_seconds", "gauge",
+               "When the last pass ended.", [(label, memory.last_pass)])
+    if memory.last_healthy is not None:
+        family("kimipd_reconcile_last_healthy_timestamp_seconds", "gauge",
+               "When a pass last found every unit serving.", [(label, memory.last_healthy)])
+    return "\n".join(lines) + "\n"
+
+
+class MetricsEndpoint:
+    """GET /metrics answers the last pass's text (for a Prometheus scrape)."""
+
+    def __init__(self, address: str, port: int) -> None:
+        self.text = "# no pass yet\n"
+        endpoint = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                body = endpoint.text.encode() if self.path == "/metrics" else b"not found\n"
+                self.send_response(200 if self.path == "/metrics" else 404)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer((address, port), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Reconciler:
+    def __init__(self, settings: Settings, load: Callable[[], Stack],
+                 transport_factory: Callable[[Access], Transport],
+                 engine_factory: Callable[[], StackEngine] | None = None,
+                 clock: Callable[[], float] = time.time,
+                 status: Callable[[Stack], status_command.Report] | None = None) -> None:
+        self.settings = settings
+        self.load = load
+        self.transport_factory = transport_factory
+        self.engine_factory = engine_factory or (
+            lambda: StackEngine(settings.stack, settings.project_dir))
+        self.clock = clock
+        self.status = status or self._status
+        self.memory = load_memory(settings.state_file)
+        self.endpoint: MetricsEndpoint | None = None
+        self.last: Decision | None = None
+
+    def run_pass(self) -> Decision:
+        started = self.clock()
+        record: dict[str, Any] = {}
+        try:
+            decision = self._decide(started, record)
+        except StackError as error:
+            decision = Decision("unreadable", (), f"the stack cannot be read: {error}", REFUSED)
+        self.memory.last_pass = self.clock()
+        if not self.settings.dry_run:
+            save_memory(self.settings.state_file, self.memory)
+        self._report(decision, started, record)
+        return decision
+
+    def _decide(self, now: float, record: dict[str, Any]) -> Decision:
+        stack = self.load()
+        report = self.status(stack)
+        broken = breakages(report)
+        decision = assess(broken, self.memory, self.settings.limits, now,
+                          serving=stack.topology.serving and stack.serving_config)
+        if decision.kind != "heal":
+            return decision
+        engine = self.engine_factory()
+        fingerprint = engine.config_fingerprint()
+        decision = engine_checks(decision, engine.locks(), engine.history(),
+                                 engine.pending_steps, fingerprint, self.memory,
+                                 self.settings.limits, self.clock())
+        if decision.kind != "heal":
+            return decision
+        if self.settings.dry_run:
+            return dataclasses.replace(
+                decision, kind="would-heal", exit_code=WAITING,
+                message=f"dry run: would heal {', '.join(decision.units)} (refresh and up); "
+                        "nothing changed")
+        return self._heal(engine, decision, fingerprint, record)
+
+    def _status(self, stack: Stack) -> status_command.Report:
+        transport = self.transport_factory(stack.access)
+        prober = Prober(transport, self.settings.probe_timeout)
+        try:
+            # The whole-path probe is left out: alone it heals nothing (see breakages).
+            topology = dataclasses.replace(stack.topology, generate_url=None)
+            return status_command.collect(topology, transport, prober,
+                                          self.settings.probe_timeout, 0)
+        finally:
+            prober.close()
+            transport.close()
+
+    def _heal(self, engine: StackEngine, decision: Decision, fingerprint: str,
+              record: dict[str, Any]) -> Decision:
+        units = decision.units
+        started = self.clock()
+        start_heal(self.memory, units, started)
+        save_memory(self.settings.state_file, self.memory)
+        summary = "; ".join(p for name in units for p in decision.details["problems"][name])
+        message = f"{MESSAGE_PREFIX} heal {', '.join(units)} ({summary})"[:1000]
+        self._write({"time": _iso(started), "stack": self.settings.stack, "event": "heal-start",
+                     "units": list(units), "message": message})
+        try:
+            steps = engine.heal(message)
+        except StackLocked as locked:
+            forget_heal(self.memory, units, started)
+            return Decision("locked", units, f"another update holds the stack ({locked}): "
+                            "waiting for it to end, never cancelling it", WAITING)
+        except Exception as error:  # noqa: BLE001 - any engine failure is a failed heal
+            finish_heal(self.memory, units, started, False, self.settings.limits, fingerprint)
+            record["seconds"] = round(self.clock() - started, 1)
+            record["error"] = str(error).strip()[-2000:]
+            retry_at = max(self.memory.unit(n).retry_at or 0 for n in units)
+            return Decision("heal-failed", units,
+                            f"the heal of {', '.join(units)} failed after "
+                            f"{record['seconds']}s; next attempt at "
+                            f"{datetime.fromtimestamp(retry_at, timezone.utc):%H:%M:%S} UTC",
+                            REFUSED, decision.details)
+        finish_heal(self.memory, units, started, True, self.settings.limits, fingerprint)
+        self.memory.last_healthy = self.clock()
+        record["seconds"] = round(self.clock() - started, 1)
+        record["steps"] = steps
+        return Decision("healed", units, f"healed {', '.join(units)} in {record['seconds']}s "
+                        f"(refresh and up: {_steps(steps)})", SERVING, decision.details)
+
+    def _report(self, decision: Decision, started: float, record: dict[str, Any]) -> None:
+        self.last = decision
+        line = {"time": _iso(self.clock()), "stack": self.settings.stack,
+                "decision": decision.kind, "units": list(decision.units),
+                "message": decision.message, "exitCode": decision.exit_code,
+                "dryRun": self.settings.dry_run,
+                "passSeconds": round(self.clock() - started, 1), **record}
+        if decision.details:
+            line["details"] = dict(decision.details)
+        self._write(line)
+        if self.settings.echo is not None:
+            units = f" [{', '.join(decision.units)}]" if decision.units else ""
+            print(f"{decision.kind}{units}: {decision.message}", file=self.settings.echo,
+                  flush=True)
+        text = metrics_text(self.settings.stack, self.memory, decision, self.clock())
+        if self.settings.metrics_file is not None:
+            path = self.settings.metrics_file
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_name(path.name + ".partial")
+            partial.write_text(text)
+            partial.replace(path)
+        if self.endpoint is not None:
+            self.endpoint.text = text
+
+    def _write(self, line: dict[str, Any]) -> None:
+        self.settings.log.write(json.dumps(line, default=str) + "\n")
+        self.settings.log.flush()
+
+    def watch(self, interval: float, stop: threading.Event) -> Decision | None:
+        """Passes until STOP is set; a pass under way (a heal's `up`) is finished first."""
+        while not stop.is_set():
+            self.run_pass()
+            stop.wait(interval)
+        return self.last
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _steps(steps: dict[str, int]) -> str:
+    return ", ".join(f"{op} {count}" for op, count in sorted(steps.items())) or "nothing"

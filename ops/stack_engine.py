@@ -1,0 +1,122 @@
+"""The engine operations `kimipd reconcile` runs on one stack, through the Automation API with the
+pulumi CLI on PATH and the caller's backend and passphrase (PULUMI_BACKEND_URL,
+PULUMI_CONFIG_PASSPHRASE / PULUMI_ACCESS_TOKEN), as the operator's own `pulumi` would.
+
+The program runs inline (this process runs `__main__.py` in the project directory), so no
+language-host binary is needed beyond what `kimipd status` needs; the stack file, state and
+plugins are the operator's."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import runpy
+import sys
+from collections.abc import Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+from urllib.parse import unquote, urlsplit
+
+import yaml
+from pulumi import automation as auto
+
+from .heal_policy import UpdateEntry
+from .stack import REPO
+
+
+class StackLocked(Exception):
+    """Another update holds the stack (the engine refused to start ours)."""
+
+
+@contextmanager
+def _cwd(path: Path) -> Iterator[None]:
+    before = Path.cwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def file_backend_locks(backend_url: str | None, project: str, stack: str) -> list[str]:
+    """The lock files a file:// backend holds for STACK (pulumi's diy backend writes one per
+    running update, under .pulumi/locks/organization/PROJECT/STACK/); other backends answer
+    only when an update is refused, so they give none here."""
+    if not backend_url or not backend_url.startswith("file://"):
+        return []
+    parts = urlsplit(backend_url)
+    root = Path(unquote(parts.path))
+    if parts.netloc == "~":  # file://~/state
+        root = Path.home() / unquote(parts.path).lstrip("/")
+    directory = root / ".pulumi" / "locks" / "organization" / project / stack
+    holders = []
+    for lock in sorted(directory.glob("*.json")):
+        try:
+            content = json.loads(lock.read_text())
+        except (OSError, ValueError):
+            content = {}
+        holders.append(f"{content.get('username', '?')}@{content.get('hostname', '?')} pid "
+                       f"{content.get('pid', '?')} since {content.get('timestamp', '?')}")
+    return holders
+
+
+def config_fingerprint(config: Mapping[str, Any]) -> str:
+    """A digest of the stack's config with every secret's value left out."""
+    canonical = {key: ("<secret>" if value.get("secret") else value.get("value"))
+                 for key, value in sorted(config.items())}
+    return hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _summary(entry: auto.UpdateSummary) -> UpdateEntry:
+    return UpdateEntry(kind=entry.kind, message=entry.message or "",
+                       started=entry.start_time.timestamp(),
+                       ended=entry.end_time.timestamp() if entry.end_time else None,
+                       result=entry.result)
+
+
+class StackEngine:
+    def __init__(self, stack: str, project_dir: Path) -> None:
+        self.project_dir = project_dir.resolve()
+        self.project = yaml.safe_load((self.project_dir / "Pulumi.yaml").read_text())["name"]
+        options = auto.LocalWorkspaceOptions(work_dir=str(self.project_dir))
+        self.stack = auto.select_stack(stack_name=stack, project_name=self.project,
+                                       program=self._program, opts=options)
+
+    def _program(self) -> None:
+        if str(REPO) not in sys.path:
+            sys.path.insert(0, str(REPO))
+        with _cwd(self.project_dir):
+            runpy.run_path(str(REPO / "__main__.py"), run_name="__main__")
+
+    def locks(self) -> list[str]:
+        return file_backend_locks(os.environ.get("PULUMI_BACKEND_URL"), self.project,
+                                  self.stack.name)
+
+    def history(self, entries: int = 20) -> list[UpdateEntry]:
+        """The newest first."""
+        return [_summary(entry) for entry in
+                self.stack.history(page_size=entries, show_secrets=False)]
+
+    def config_fingerprint(self) -> str:
+        config = self.stack.get_all_config()
+        return config_fingerprint({key: {"value": value.value, "secret": value.secret}
+                                   for key, value in config.items()})
+
+    def pending_steps(self) -> dict[str, int]:
+        """What `pulumi preview` (no refresh) would do: the config against the state. A stack
+        that converged previews every resource `same`."""
+        result = self.stack.preview()
+        return {op: count for op, count in (result.change_summary or {}).items()
+                if op != "same" and count}
+
+    def heal(self, message: str) -> dict[str, int]:
+        """`pulumi refresh` (the dead containers drift) then `pulumi up` (their groups are
+        replaced whole, gated, admitted, smoke-tested). Returns up's step counts."""
+        try:
+            self.stack.refresh(message=message, show_secrets=False)
+            result = self.stack.up(message=message, show_secrets=False)
+        except auto.ConcurrentUpdateError as error:
+            raise StackLocked(str(error).strip().splitlines()[-1][:300]) from None
+        return dict(result.summary.resource_changes or {})

@@ -1,0 +1,258 @@
+"""Healing without a human, through the real engine on the sim with the rust router (stack file
+Pulumi.sim-2p2d.yaml): a dry run and a person's recent update change nothing; one pass heals a
+killed group; `reconcile --watch`, started from the systemd unit's own ExecStart line and
+environment file, heals a decode rank killed with SIGKILL under load, and refuses the second
+heal of the hour. Tests run in file order on one stack."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pulumi import automation as auto
+
+from sim.automation import Project
+from tests.conftest import REPO
+from tests.integration.engine import (  # noqa: F401 - fixtures
+    AUTHORIZED, ROUTER, container_ids, env, generate_loop, kimipd, new_stack, project, sim,
+    sim_values)
+from tests.integration.sim import SimCluster
+from tests.ops.systemd_unit import SERVICE_BASE_ENV, environment_file, exec_start
+
+pytestmark = pytest.mark.timeout(1800)
+
+STACK = "heal"
+DECODE = {"decode-a": ("10.231.60.5", "10.231.60.6"), "decode-b": ("10.231.60.7", "10.231.60.8")}
+PASSPHRASE = "kimipd-tests"  # sim/automation.Project's
+
+
+@pytest.fixture(scope="module")
+def stack(project: Project, sim: SimCluster) -> Iterator[auto.Stack]:
+    values = sim_values(sim, "sim-2p2d")
+    values["gates"] = values["gates"] | {"timeoutSeconds": 120}
+    stack = new_stack(project, sim, STACK, values)
+    stack.up()
+    yield stack
+    stack.destroy()
+
+
+def kill_server(sim: SimCluster, node: str, container: str) -> float:
+    """SIGKILL to the server process inside CONTAINER (its PID 1: launch.sh execs it), as an
+    OOM killer or a GPU fault would; returns when it was sent (time.monotonic())."""
+    pid = sim.docker(node, "inspect", "-f", "{{.State.Pid}}", container).stdout.strip()
+    assert pid and pid != "0", f"{container} on {node} is not running"
+    os.kill(int(pid), signal.SIGKILL)
+    return time.monotonic()
+
+
+def wait_exited(sim: SimCluster, node: str, container: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sim.docker(node, "inspect", "-f", "{{.State.Status}}", container).stdout.strip() \
+                == "exited":
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{container} on {node} still not exited {timeout}s after the kill")
+
+
+def healthy_workers() -> set[str]:
+    request = urllib.request.Request(ROUTER + "/workers", headers=AUTHORIZED)
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            listing = json.load(response)
+    except (OSError, ValueError):
+        return set()
+    return {w["url"] for w in listing.get("workers", []) if w.get("is_healthy")}
+
+
+def decisions(log: Path) -> list[dict]:
+    if not log.exists():
+        return []
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+
+
+def reconcile_once(project: Project, tmp_path: Path, *args: str) -> tuple[int, dict]:
+    log = tmp_path / "once.jsonl"
+    log.unlink(missing_ok=True)
+    result = kimipd(project, STACK, "reconcile", "--log", str(log), "--state-file",
+                    str(tmp_path / "once-state.json"), *args, timeout=900)
+    lines = [line for line in decisions(log) if "decision" in line]
+    assert len(lines) == 1, f"one decision per pass: {lines}\n{result.stderr}"
+    return result.returncode, lines[0]
+
+
+def test_a_dry_run_and_a_recent_update_change_nothing_then_one_pass_heals(
+        stack: auto.Stack, project: Project, sim: SimCluster, tmp_path: Path) -> None:
+    node = DECODE["decode-b"][0]
+    kill_server(sim, node, "kimipd-decode-b-r0")
+    wait_exited(sim, node, "kimipd-decode-b-r0")
+    before, history = container_ids(sim), len(stack.history())
+
+    # The fixture's `up` was a person's: hands off for the window, even past the grace.
+    code, line = reconcile_once(project, tmp_path, "--dry-run", "--grace-seconds", "0")
+    assert (code, line["decision"], line["units"]) == (1, "human-window", ["decode-b"]), line
+    code, line = reconcile_once(project, tmp_path, "--dry-run", "--grace-seconds", "0",
+                                "--human-window-minutes", "0")
+    assert (code, line["decision"], line["units"]) == (1, "would-heal", ["decode-b"]), line
+    assert "exited" in " ".join(line["details"]["problems"]["decode-b"])
+    assert container_ids(sim) == before, "a dry run changed a container"
+    assert len(stack.history()) == history, "a dry run ran an update"
+    assert not (tmp_path / "once-state.json").exists(), "a dry run wrote its state"
+
+    code, line = reconcile_once(project, tmp_path, "--grace-seconds", "0",
+                                "--human-window-minutes", "0")
+    assert (code, line["decision"], line["units"]) == (0, "healed", ["decode-b"]), line
+    after = container_ids(sim)
+    for name, state in before.items():
+        if name.startswith("kimipd-decode-b-"):
+            assert after[name] != state and after[name].endswith("running"), name
+        else:
+            assert after[name] == state, f"{name} changed when only decode-b was healed"
+    newest = stack.history(page_size=2)
+    assert [entry.kind for entry in newest] == ["update", "refresh"]
+    assert all(entry.message.startswith("kimipd reconcile: heal decode-b") for entry in newest)
+    assert {f"http://{DECODE['decode-b'][0]}:30000"} <= healthy_workers()
+
+
+@pytest.fixture
+def service(project: Project, tmp_path: Path) -> Iterator[dict]:
+    """reconcile --watch started from the unit's ExecStart and an environment file written as
+    the README says (mode 0600), with the environment systemd gives a root service."""
+    files = {name: tmp_path / name for name in ("log.jsonl", "state.json", "reconcile.prom")}
+    env_file = tmp_path / f"reconcile-{STACK}.env"
+    env_file.write_text(
+        f"PULUMI_BACKEND_URL={project.env['PULUMI_BACKEND_URL']}\n"
+        f"PULUMI_CONFIG_PASSPHRASE={PASSPHRASE}\n"
+        f"KIMIPD_PULUMI_ENV={os.environ.get('KIMIPD_PULUMI_ENV', '')}\n"
+        f"KIMIPD_RECONCILE_ARGS=--cwd {project.directory} --interval 2 --grace-seconds 4 "
+        f"--max-heals-per-hour 1 --human-window-minutes 0 --log {files['log.jsonl']} "
+        f"--state-file {files['state.json']} --metrics-file {files['reconcile.prom']}\n")
+    env_file.chmod(0o600)
+    environment = environment_file(env_file.read_text())
+    if not environment["KIMIPD_PULUMI_ENV"]:
+        environment.pop("KIMIPD_PULUMI_ENV")
+    base = dict(SERVICE_BASE_ENV)
+    if "KIMIPD_CACHE" in os.environ:
+        base["KIMIPD_CACHE"] = os.environ["KIMIPD_CACHE"]
+    process = subprocess.Popen(exec_start(STACK, environment), cwd=REPO,
+                               env=base | environment, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        yield files | {"process": process}
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(120)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(10)
+        print(process.stdout.read() if process.stdout else "")
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.25):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"not within {timeout}s: {what}")
+
+
+def test_watch_heals_a_killed_decode_rank_under_load_then_stops_at_the_limit(
+        stack: auto.Stack, sim: SimCluster, service: dict) -> None:
+    log = service["log.jsonl"]
+    wait_for(lambda: any(d.get("decision") == "healthy" for d in decisions(log)), 120,
+             "a first healthy pass")
+    # Another stack's container on the same node, exited: never touched.
+    stranger = sim.docker(DECODE["decode-a"][1], "run", "--name", "other-decode-a-r1",
+                          "--label", "kimipd.role=decode-a-r1", "--network", "none",
+                          "--entrypoint", "true", sim.image)
+    assert stranger.returncode == 0, stranger.stderr
+    stranger_before = container_ids(sim)["other-decode-a-r1"]
+    before = container_ids(sim)
+
+    stop, results, times = threading.Event(), [], []
+    loader = threading.Thread(target=generate_loop, args=(stop, results, 100000, times),
+                              daemon=True)
+    loader.start()
+    try:
+        time.sleep(3)
+        killed_at = kill_server(sim, DECODE["decode-a"][1], "kimipd-decode-a-r1")
+        url = f"http://{DECODE['decode-a'][0]}:30000"
+
+        def serving_again() -> bool:
+            ids = container_ids(sim)
+            replaced = all(ids[name] != before[name] and ids[name].endswith("running")
+                           for name in before if name.startswith("kimipd-decode-a-"))
+            return replaced and url in healthy_workers()
+
+        wait_for(serving_again, 600, "decode-a replaced and healthy in the router", 0.5)
+        healed_at = time.monotonic()
+        time.sleep(3)
+    finally:
+        stop.set()
+        loader.join(30)
+    failed = [(sent - killed_at, status) for (sent, _), status in zip(times, results)
+              if status != 200]
+    lines = decisions(log)
+    healed = [d for d in lines if d.get("decision") == "healed"]
+    print(f"heal under load: kill -> serving again {healed_at - killed_at:.1f}s; "
+          f"{len(results)} requests, {len(failed)} failed {failed}; heal "
+          f"{healed[0]['seconds'] if healed else '-'}s")
+    assert [d["units"] for d in healed] == [["decode-a"]], lines
+    assert len(results) > 50
+    # A sequential client has one request in flight: at most that one may fail.
+    assert len(failed) <= 1, f"failed beyond the request in flight on decode-a: {failed}"
+    after = container_ids(sim)
+    for name, state in before.items():
+        if not name.startswith("kimipd-decode-a-"):
+            assert after.get(name) == state, f"{name} changed when only decode-a was healed"
+    assert after["other-decode-a-r1"] == stranger_before
+    sim.docker(DECODE["decode-a"][1], "rm", "-f", "other-decode-a-r1")
+
+    metrics = service["reconcile.prom"].read_text()
+    assert f'kimipd_reconcile_heals_total{{stack="{STACK}",unit="decode-a"}} 1' in metrics
+    checked = subprocess.run(["promtool", "check", "metrics"], input=metrics, text=True,
+                             capture_output=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+    # The second death within the hour: refused at --max-heals-per-hour 1, and left alone.
+    kill_server(sim, DECODE["decode-a"][0], "kimipd-decode-a-r0")
+    limited = wait_for(lambda: [d for d in decisions(log) if d.get("decision") == "limited"],
+                       120, "the limit's refusal")[0]
+    assert limited["units"] == ["decode-a"] and limited["exitCode"] == 2, limited
+    assert "healed 1 times in the last hour (limit 1" in limited["message"], limited
+    time.sleep(6)
+    assert container_ids(sim)["kimipd-decode-a-r0"].endswith("exited"), "healed past the limit"
+    assert not any(d.get("event") == "heal-start" and d["units"] == ["decode-a"]
+                   for d in decisions(log)[lines.index(healed[0]) + 1:])
+
+    # The passphrase is in the service's environment only: no command line, no log line.
+    process = service["process"]
+    command_lines = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in
+                     [process.pid] + _descendants(process.pid)]
+    assert not any(PASSPHRASE.encode() in line for line in command_lines)
+    assert PASSPHRASE not in log.read_text()
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(120) == 0
+
+    # Back to serving for the fixture's destroy, by a person.
+    stack.refresh()
+    stack.up()
+
+
+def _descendants(pid: int) -> list[int]:
+    children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+    found = [int(p) for p in children.stdout.split()]
+    return found + [grand for child in found for grand in _descendants(child)]

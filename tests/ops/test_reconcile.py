@@ -1,0 +1,231 @@
+"""`kimipd reconcile`'s passes (ops/reconcile.py) with the status and the engine replaced by
+stand-ins: what each pass logs, remembers and exports; the real engine heals in
+tests/integration/test_heal.py."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import threading
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from components.config import VerificationSpec
+from ops.heal_policy import MESSAGE_PREFIX, REFUSED, SERVING, WAITING, Limits, UpdateEntry
+from ops.reconcile import MetricsEndpoint, Reconciler, Settings, load_memory, metrics_text
+from ops.stack import Access, Stack, StackError, Topology
+from ops.stack_engine import StackLocked, config_fingerprint, file_backend_locks
+from tests.ops.loopback import free_port
+from tests.unit.test_heal_policy import report, row
+
+OUTPUTS = {"serving": True,
+           "groups": {"decode-b": {"mode": "decode", "nodes": ["10.0.0.1"]}},
+           "containers": {"decode-b-r0": {"node": "10.0.0.1", "container": "kimipd-decode-b-r0",
+                                          "healthUrl": "http://10.0.0.1:30000/health"}}}
+
+
+class Engine:
+    """What reconcile asks the engine, answered from fields a test sets."""
+
+    def __init__(self) -> None:
+        self.locked: list[str] = []
+        self.entries: list[UpdateEntry] = []
+        self.pending: dict[str, int] = {}
+        self.failure: Exception | None = None
+        self.heals: list[str] = []
+
+    def config_fingerprint(self) -> str:
+        return "config-1"
+
+    def locks(self) -> list[str]:
+        return self.locked
+
+    def history(self) -> list[UpdateEntry]:
+        return self.entries
+
+    def pending_steps(self) -> dict[str, int]:
+        return self.pending
+
+    def heal(self, message: str) -> dict[str, int]:
+        self.heals.append(message)
+        if self.failure:
+            raise self.failure
+        return {"replace": 1, "same": 40}
+
+
+class Harness:
+    def __init__(self, tmp_path: Path, dry_run: bool = False, serving: bool = True) -> None:
+        self.now = 1_000_000.0
+        self.dead = False
+        self.engine = Engine()
+        self.log = io.StringIO()
+        self.settings = Settings(stack="s", project_dir=tmp_path, limits=Limits(
+            grace_seconds=10, max_heals_per_hour=2, backoff_seconds=60), dry_run=dry_run,
+            state_file=tmp_path / "state.json", log=self.log,
+            metrics_file=tmp_path / "metrics" / "reconcile.prom")
+        stack = Stack(Topology.from_outputs("s", OUTPUTS), Access(None, {}), VerificationSpec(),
+                      serving_config=serving)
+        self.reconciler = self.build(stack)
+
+    def build(self, stack: Stack) -> Reconciler:
+        return Reconciler(self.settings, lambda: stack, lambda access: None,
+                          engine_factory=lambda: self.engine, clock=lambda: self.now,
+                          status=lambda stack: report(row(
+                              "decode-b-r0", "exited" if self.dead else "running",
+                              ok=not self.dead, group="decode-b")))
+
+    def run(self, advance: float = 0.0):
+        self.now += advance
+        return self.reconciler.run_pass()
+
+    def lines(self) -> list[dict]:
+        return [json.loads(line) for line in self.log.getvalue().splitlines()]
+
+
+def test_a_dead_group_is_healed_after_the_grace_and_every_step_is_logged(tmp_path) -> None:
+    h = Harness(tmp_path)
+    assert h.run().kind == "healthy"
+    h.dead = True
+    grace = h.run(5)
+    assert (grace.kind, grace.exit_code) == ("grace", WAITING)
+    healed = h.run(10)
+    assert (healed.kind, healed.exit_code, healed.units) == ("healed", SERVING, ("decode-b",))
+    assert len(h.engine.heals) == 1
+    assert h.engine.heals[0].startswith(MESSAGE_PREFIX + " heal decode-b (kimipd-decode-b-r0")
+    lines = h.lines()
+    assert [line.get("decision") or line.get("event") for line in lines] == [
+        "healthy", "grace", "heal-start", "healed"]
+    assert all(line["stack"] == "s" and line["time"].endswith("+00:00") for line in lines)
+    assert lines[-1]["steps"] == {"replace": 1, "same": 40}
+    state = load_memory(h.settings.state_file)
+    assert state.unit("decode-b").healed_total == 1 and len(state.unit("decode-b").heals) == 1
+    metrics = h.settings.metrics_file.read_text()
+    assert 'kimipd_reconcile_heals_total{stack="s",unit="decode-b"} 1' in metrics
+    assert 'kimipd_reconcile_last_decision{stack="s",decision="healed"} 1' in metrics
+
+
+def test_the_limits_survive_a_restart_of_the_service(tmp_path) -> None:
+    h = Harness(tmp_path)
+    h.dead = True
+    # A healed unit that dies again gets its grace again.
+    assert [h.run(11 if n else 0).kind for n in range(4)] == ["grace", "healed", "grace",
+                                                               "healed"]
+    again = Harness(tmp_path)  # a new process reading the same state file
+    again.now, again.dead = h.now, True
+    assert again.run(11).kind == "grace"
+    limited = again.run(11)
+    assert (limited.kind, limited.exit_code) == ("limited", REFUSED)
+    assert not again.engine.heals
+
+
+def test_a_failed_heal_backs_off_and_a_lock_costs_no_heal(tmp_path) -> None:
+    h = Harness(tmp_path)
+    h.dead = True
+    h.run()
+    h.engine.failure = RuntimeError("gate decode-b: rank 1 exited\nlong engine output")
+    failed = h.run(11)
+    assert (failed.kind, failed.exit_code) == ("heal-failed", REFUSED)
+    assert "rank 1 exited" in h.lines()[-1]["error"]
+    assert h.run(30).kind == "backoff"
+    h.engine.failure = StackLocked("the stack is currently locked by 1 lock(s)")
+    locked = h.run(31)
+    assert (locked.kind, locked.exit_code) == ("locked", WAITING)
+    assert len(load_memory(h.settings.state_file).unit("decode-b").heals) == 1
+
+
+def test_a_dry_run_decides_but_runs_and_writes_nothing(tmp_path) -> None:
+    h = Harness(tmp_path, dry_run=True)
+    h.dead = True
+    h.run()
+    would = h.run(11)
+    assert (would.kind, would.exit_code) == ("would-heal", WAITING)
+    assert "dry run: would heal decode-b" in would.message
+    assert not h.engine.heals and not h.settings.state_file.exists()
+
+
+def test_serving_false_in_the_config_is_never_healed(tmp_path) -> None:
+    h = Harness(tmp_path, serving=False)
+    h.dead = True
+    assert [h.run(20).kind for _ in range(3)] == ["not-serving"] * 3
+    assert not h.engine.heals
+
+
+def test_an_unreadable_stack_is_logged_and_refused(tmp_path) -> None:
+    h = Harness(tmp_path)
+
+    def unreadable() -> Stack:
+        raise StackError("`pulumi stack output` failed: no stack named 's'")
+
+    h.reconciler.load = unreadable
+    decision = h.run()
+    assert (decision.kind, decision.exit_code) == ("unreadable", REFUSED)
+    assert "no stack named" in h.lines()[-1]["message"]
+
+
+def test_the_metrics_are_valid_prometheus_text_on_a_file_and_an_endpoint(tmp_path) -> None:
+    h = Harness(tmp_path)
+    port = free_port()
+    h.reconciler.endpoint = MetricsEndpoint("127.0.0.1", port)
+    try:
+        h.dead = True
+        h.run()
+        h.run(11.125)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            served = answer.read().decode()
+    finally:
+        h.reconciler.endpoint.close()
+    assert served == h.settings.metrics_file.read_text()
+    checked = subprocess.run(["promtool", "check", "metrics"], input=served, text=True,
+                             capture_output=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    # Seconds since the epoch, to the millisecond (not 1e+06).
+    assert 'kimipd_reconcile_last_pass_timestamp_seconds{stack="s"} 1000011.125\n' in served
+
+
+def test_metrics_text_escapes_label_values() -> None:
+    memory = load_memory(Path("/nonexistent/state.json"))
+    memory.unit('we"ird').healed_total = 1
+    text = metrics_text("s", memory, None, 0.0)
+    assert 'unit="we\\"ird"' in text
+
+
+def test_the_file_backend_lock_is_seen_with_its_holder(tmp_path) -> None:
+    locks = tmp_path / ".pulumi" / "locks" / "organization" / "kimipd" / "sim"
+    locks.mkdir(parents=True)
+    assert file_backend_locks(f"file://{tmp_path}", "kimipd", "sim") == []
+    (locks / "a1.json").write_text(json.dumps({"pid": 42, "username": "ops", "hostname": "h",
+                                               "timestamp": "2026-12-01T10:00:00Z"}))
+    assert file_backend_locks(f"file://{tmp_path}", "kimipd", "sim") == [
+        "ops@h pid 42 since 2026-12-01T10:00:00Z"]
+    assert file_backend_locks(f"file://{tmp_path}", "kimipd", "other") == []
+    assert file_backend_locks("https://api.pulumi.com", "kimipd", "sim") == []
+
+
+def test_the_config_fingerprint_leaves_secrets_out() -> None:
+    base = {"kimipd:serving": {"value": "true", "secret": False},
+            "kimipd:routerApiKey": {"value": "k1", "secret": True}}
+    rotated = base | {"kimipd:routerApiKey": {"value": "k2", "secret": True}}
+    changed = base | {"kimipd:serving": {"value": "false", "secret": False}}
+    assert config_fingerprint(base) == config_fingerprint(rotated)
+    assert config_fingerprint(base) != config_fingerprint(changed)
+
+
+@pytest.mark.timeout(30)
+def test_watch_finishes_its_pass_and_stops(tmp_path) -> None:
+    h = Harness(tmp_path)
+    stop = threading.Event()
+    runs = []
+    original = h.reconciler.run_pass
+
+    def counted():
+        runs.append(1)
+        if len(runs) == 3:
+            stop.set()
+        return original()
+
+    h.reconciler.run_pass = counted
+    h.reconciler.watch(0.01, stop)
+    assert len(runs) == 3 and h.reconciler.last.kind == "healthy"
