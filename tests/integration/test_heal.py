@@ -1,6 +1,6 @@
 """Healing without a human, through the real engine on the sim with the rust router (stack file
-Pulumi.sim-2p2d.yaml): a dry run and a person's recent update change nothing; one pass heals a
-killed group; `reconcile --watch`, started from the systemd unit's own ExecStart line and
+Pulumi.sim-2p2d.yaml): a dry run, a person's recent update and someone else's lock change
+nothing; one pass heals a killed group; `reconcile --watch`, started from the systemd unit's own ExecStart line and
 environment file, heals a decode rank killed with SIGKILL under load, and refuses the second
 heal of the hour. Tests run in file order on one stack."""
 
@@ -107,6 +107,21 @@ def test_a_dry_run_and_a_recent_update_change_nothing_then_one_pass_heals(
     assert container_ids(sim) == before, "a dry run changed a container"
     assert len(stack.history()) == history, "a dry run ran an update"
     assert not (tmp_path / "once-state.json").exists(), "a dry run wrote its state"
+
+    # Someone's update holds the stack (a lock file where the file backend keeps them, as
+    # the engine writes it): reconcile waits its turn, never cancels.
+    locks = (project.state / ".pulumi" / "locks" / "organization" / "kimipd" / STACK)
+    locks.mkdir(parents=True, exist_ok=True)
+    (locks / "held-by-test.json").write_text(json.dumps(
+        {"pid": 4242, "username": "ops", "hostname": "console", "timestamp": "now"}))
+    try:
+        code, line = reconcile_once(project, tmp_path, "--grace-seconds", "0",
+                                    "--human-window-minutes", "0")
+        assert (code, line["decision"]) == (1, "locked"), line
+        assert "ops@console pid 4242" in line["message"], line
+        assert len(stack.history()) == history and container_ids(sim) == before
+    finally:
+        (locks / "held-by-test.json").unlink()
 
     code, line = reconcile_once(project, tmp_path, "--grace-seconds", "0",
                                 "--human-window-minutes", "0")
