@@ -1,4 +1,5 @@
-"""`scripts/kimipd`: the operator's day-two commands (status, logs, verify, targets, orphans).
+"""`scripts/kimipd`: the operator's day-two commands (status, logs, verify, targets, orphans,
+reconcile).
 
 The topology comes only from the stack's outputs (`pulumi stack output`, the README's contract)
 and the way to reach the nodes only from the stack's config (`kimipd:connection`, `kimipd:nodes`,

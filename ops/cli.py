@@ -154,7 +154,7 @@ def run_status(args: argparse.Namespace, stack: Stack, transport: Transport) -> 
         if forget is not None:
             forget()
         return status_command.collect(stack.topology, transport, prober, args.timeout,
-                                      args.generate_timeout)
+                                      args.generate_timeout, stack.router_api_key)
 
     if not args.watch:
         report = once()

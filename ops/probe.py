@@ -10,12 +10,19 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
+
+from components.render import router_auth_header_file
 
 from .remote import RemoteError, Transport
 
 VIA_CHOICES = ("auto", "direct", "ssh")
+
+
+# Enough for the rust router's GET /workers of a large cluster; bodies stay out of as_json.
+BODY_LIMIT = 65536
 
 
 @dataclass
@@ -96,21 +103,27 @@ class Prober:
         return self.request("GET", url, node)
 
     def request(self, method: str, url: str, node: str, body: Any = None,
-                timeout: float | None = None) -> HttpAnswer:
+                timeout: float | None = None, api_key: str | None = None) -> HttpAnswer:
+        """API_KEY: the rust router's; over SSH, curl reads it from its file on the router's
+        node, so it is on no command line."""
         timeout = timeout or self.timeout
         if self.via in ("auto", "direct"):
-            answer, reachable = self._direct(method, url, body, timeout)
+            answer, reachable = self._direct(method, url, body, timeout, api_key)
             if reachable or self.via == "direct" or self.transport is None:
                 return answer
-        return self._over_ssh(method, url, node, body, timeout)
+        header_file = router_auth_header_file(urlsplit(url).port or 80) if api_key else None
+        return self._over_ssh(method, url, node, body, timeout, header_file)
 
-    def _direct(self, method: str, url: str, body: Any, timeout: float) -> tuple[HttpAnswer, bool]:
+    def _direct(self, method: str, url: str, body: Any, timeout: float,
+                api_key: str | None = None) -> tuple[HttpAnswer, bool]:
         client = self._http()
         started = time.monotonic()
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
         try:
-            response = client.request(method, url, json=body, timeout=_timeout(timeout))
+            response = client.request(method, url, json=body, headers=headers,
+                                      timeout=_timeout(timeout))
             return HttpAnswer(url, "direct", response.status_code, time.monotonic() - started,
-                              body=response.text[:2000]), True
+                              body=response.text[:BODY_LIMIT]), True
         except _UNREACHABLE as error:
             return HttpAnswer(url, "direct", error=_error(error)), False
         except httpx.HTTPError as error:
@@ -118,8 +131,9 @@ class Prober:
                               error=_error(error)), True
 
     def _over_ssh(self, method: str, url: str, node: str, body: Any,
-                  timeout: float) -> HttpAnswer:
-        command = curl_command(method, url, timeout, with_body=body is not None)
+                  timeout: float, header_file: str | None = None) -> HttpAnswer:
+        command = curl_command(method, url, timeout, with_body=body is not None,
+                               header_file=header_file)
         stdin = json.dumps(body).encode() if body is not None else None
         try:
             # The SSH connection's own time is not the probe's: allow for it on top.
@@ -156,7 +170,7 @@ def parse_curl(url: str, stdout: str, stderr: str, exit_status: int) -> HttpAnsw
         if exit_status == 127:
             error = "curl is not installed on the node"
         return HttpAnswer(url, "ssh", error=_curl_error(error))
-    return HttpAnswer(url, "ssh", code, seconds, body=body[:2000])
+    return HttpAnswer(url, "ssh", code, seconds, body=body[:BODY_LIMIT])
 
 
 def _curl_error(text: str) -> str:

@@ -164,6 +164,9 @@ class Reconciler:
     def _decide(self, now: float, record: dict[str, Any]) -> Decision:
         stack = self.load()
         report = self.status(stack)
+        seen = self._router_sees(stack)
+        if seen is not None:
+            record["routerSees"] = seen
         broken = breakages(report)
         decision = assess(broken, self.memory, self.settings.limits, now,
                           serving=stack.topology.serving and stack.serving_config)
@@ -194,6 +197,25 @@ class Reconciler:
         finally:
             prober.close()
             transport.close()
+
+    def _router_sees(self, stack: Stack) -> dict[str, Any] | None:
+        """The rust router's own view (GET /workers with its key): logged beside the decision;
+        a heal is decided on the containers, which the router's health checks lag."""
+        topology = stack.topology
+        if not stack.router_api_key or not topology.router_url or topology.router is None:
+            return None
+        prober = Prober(self.transport_factory(stack.access), self.settings.probe_timeout)
+        try:
+            answer = prober.request("GET", topology.router_url.rstrip("/") + "/workers",
+                                    topology.router.node, api_key=stack.router_api_key)
+        finally:
+            prober.close()
+        try:
+            workers = json.loads(answer.body or "")["workers"]
+        except (ValueError, KeyError, TypeError):
+            return {"error": answer.summary()}
+        return {worker["url"]: "healthy" if worker.get("is_healthy") else "unhealthy"
+                for worker in workers}
 
     def _heal(self, engine: StackEngine, decision: Decision, fingerprint: str,
               record: dict[str, Any]) -> Decision:

@@ -175,7 +175,8 @@ def _problems(row: Row, expected_generation: int | None) -> list[str]:
 
 
 def collect(topology: Topology, transport: Transport, prober: Prober, timeout: float,
-            generate_timeout: float) -> Report:
+            generate_timeout: float, api_key: str | None = None) -> Report:
+    """API_KEY: the rust router's (the routerApiKey secret), sent with the whole-path probe."""
     now = datetime.now(timezone.utc)
     if not topology.serving or not topology.containers:
         reason = ("serving is false: no container is meant to run" if not topology.serving
@@ -198,7 +199,7 @@ def collect(topology: Topology, transport: Transport, prober: Prober, timeout: f
             router = topology.router
             node = router.node if router else topology.containers[-1].node
             path = pool.submit(prober.request, "POST", topology.generate_url, node,
-                               PATH_PROBE_BODY, generate_timeout)
+                               PATH_PROBE_BODY, generate_timeout, api_key)
         # A probe is bounded by its timeout (direct, then over SSH: connect + command); this is
         # the backstop for one that is not.
         everything = [*inspections.values(), *health.values(), *([path] if path else [])]

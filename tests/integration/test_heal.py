@@ -136,6 +136,11 @@ def test_a_dry_run_and_a_recent_update_change_nothing_then_one_pass_heals(
     assert [entry.kind for entry in newest] == ["update", "refresh"]
     assert all(entry.message.startswith("kimipd reconcile: heal decode-b") for entry in newest)
     assert {f"http://{DECODE['decode-b'][0]}:30000"} <= healthy_workers()
+    # status sends the router's key with its whole-path probe (401 without it).
+    status = kimipd(project, STACK, "status", "--json")
+    report = json.loads(status.stdout)
+    assert (status.returncode, report["verdict"], report["generate"]["status"]) == \
+        (0, "serving", 200), report["generate"]
 
 
 @pytest.fixture
@@ -187,8 +192,11 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.25):
 def test_watch_heals_a_killed_decode_rank_under_load_then_stops_at_the_limit(
         stack: auto.Stack, sim: SimCluster, service: dict) -> None:
     log = service["log.jsonl"]
-    wait_for(lambda: any(d.get("decision") == "healthy" for d in decisions(log)), 120,
-             "a first healthy pass")
+    first = wait_for(lambda: [d for d in decisions(log) if d.get("decision") == "healthy"],
+                     120, "a first healthy pass")[0]
+    # What the router sees is logged beside the decision.
+    assert first["routerSees"] == {url: "healthy" for url in healthy_workers()}, first
+    assert len(first["routerSees"]) == 4, first
     # Another stack's container on the same node, exited: never touched.
     stranger = sim.docker(DECODE["decode-a"][1], "run", "--name", "other-decode-a-r1",
                           "--label", "kimipd.role=decode-a-r1", "--network", "none",
