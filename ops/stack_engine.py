@@ -14,9 +14,9 @@ import os
 import runpy
 import sys
 from collections.abc import Mapping
-from contextlib import contextmanager
+from contextlib import chdir
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import yaml
@@ -28,16 +28,6 @@ from .stack import REPO
 
 class StackLocked(Exception):
     """Another update holds the stack (the engine refused to start ours)."""
-
-
-@contextmanager
-def _cwd(path: Path) -> Iterator[None]:
-    before = Path.cwd()
-    os.chdir(path)
-    try:
-        yield
-    finally:
-        os.chdir(before)
 
 
 def file_backend_locks(backend_url: str | None, project: str, stack: str) -> list[str]:
@@ -87,7 +77,7 @@ class StackEngine:
     def _program(self) -> None:
         if str(REPO) not in sys.path:
             sys.path.insert(0, str(REPO))
-        with _cwd(self.project_dir):
+        with chdir(self.project_dir):
             runpy.run_path(str(REPO / "__main__.py"), run_name="__main__")
 
     def locks(self) -> list[str]:

@@ -1,8 +1,8 @@
 """Healing without a human, through the real engine on the sim with the rust router (stack file
 Pulumi.sim-2p2d.yaml): a dry run, a person's recent update and someone else's lock change
-nothing; one pass heals a killed group; `reconcile --watch`, started from the systemd unit's own ExecStart line and
-environment file, heals a decode rank killed with SIGKILL under load, and refuses the second
-heal of the hour. Tests run in file order on one stack."""
+nothing; one pass heals a killed group; `reconcile --watch`, started from the systemd unit's
+own ExecStart line and environment file, heals a decode rank killed with SIGKILL under load,
+and refuses the second heal of the hour. Tests run in file order on one stack."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from tests.integration.engine import (  # noqa: F401 - fixtures
     AUTHORIZED, ROUTER, container_ids, env, generate_loop, kimipd, new_stack, project, sim,
     sim_values)
 from tests.integration.sim import SimCluster
+from tests.ops.loopback import wait_until
 from tests.ops.systemd_unit import SERVICE_BASE_ENV, environment_file, exec_start
 
 pytestmark = pytest.mark.timeout(1800)
@@ -179,21 +180,11 @@ def service(project: Project, tmp_path: Path) -> Iterator[dict]:
         print(process.stdout.read() if process.stdout else "")
 
 
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.25):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"not within {timeout}s: {what}")
-
-
 def test_watch_heals_a_killed_decode_rank_under_load_then_stops_at_the_limit(
         stack: auto.Stack, sim: SimCluster, service: dict) -> None:
     log = service["log.jsonl"]
-    first = wait_for(lambda: [d for d in decisions(log) if d.get("decision") == "healthy"],
-                     120, "a first healthy pass")[0]
+    first = wait_until(lambda: [d for d in decisions(log) if d.get("decision") == "healthy"],
+                       120, "a first healthy pass")[0]
     # What the router sees is logged beside the decision.
     assert first["routerSees"] == {url: "healthy" for url in healthy_workers()}, first
     assert len(first["routerSees"]) == 4, first
@@ -220,7 +211,7 @@ def test_watch_heals_a_killed_decode_rank_under_load_then_stops_at_the_limit(
                            for name in before if name.startswith("kimipd-decode-a-"))
             return replaced and url in healthy_workers()
 
-        wait_for(serving_again, 600, "decode-a replaced and healthy in the router", 0.5)
+        wait_until(serving_again, 600, "decode-a replaced and healthy in the router")
         healed_at = time.monotonic()
         time.sleep(3)
     finally:
@@ -252,8 +243,8 @@ def test_watch_heals_a_killed_decode_rank_under_load_then_stops_at_the_limit(
 
     # The second death within the hour: refused at --max-heals-per-hour 1, and left alone.
     kill_server(sim, DECODE["decode-a"][0], "kimipd-decode-a-r0")
-    limited = wait_for(lambda: [d for d in decisions(log) if d.get("decision") == "limited"],
-                       120, "the limit's refusal")[0]
+    limited = wait_until(lambda: [d for d in decisions(log) if d.get("decision") == "limited"],
+                         120, "the limit's refusal")[0]
     assert limited["units"] == ["decode-a"] and limited["exitCode"] == 2, limited
     assert "healed 1 times in the last hour (limit 1" in limited["message"], limited
     time.sleep(6)

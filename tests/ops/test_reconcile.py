@@ -111,8 +111,8 @@ def test_the_limits_survive_a_restart_of_the_service(tmp_path) -> None:
     h = Harness(tmp_path)
     h.dead = True
     # A healed unit that dies again gets its grace again.
-    assert [h.run(11 if n else 0).kind for n in range(4)] == ["grace", "healed", "grace",
-                                                               "healed"]
+    kinds = [h.run(11 if n else 0).kind for n in range(4)]
+    assert kinds == ["grace", "healed", "grace", "healed"]
     again = Harness(tmp_path)  # a new process reading the same state file
     again.now, again.dead = h.now, True
     assert again.run(11).kind == "grace"
