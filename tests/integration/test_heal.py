@@ -1,8 +1,9 @@
 """Healing without a human, through the real engine on the sim with the rust router (stack file
-Pulumi.sim-2p2d.yaml): a dry run, a person's recent update and someone else's lock change
-nothing; one pass heals a killed group; `reconcile --watch`, started from the systemd unit's
-own ExecStart line and environment file, heals a decode rank killed with SIGKILL under load,
-and refuses the second heal of the hour. Tests run in file order on one stack."""
+Pulumi.sim-2p2d.yaml): a dry run, a person's recent update, `serving: false` in the config and
+someone else's lock change nothing; one pass heals a killed group; `reconcile --watch`, started
+from the systemd unit's own ExecStart line and environment file, heals a decode rank killed
+with SIGKILL under load, and refuses the second heal of the hour. Tests run in file order on
+one stack."""
 
 from __future__ import annotations
 
@@ -108,6 +109,16 @@ def test_a_dry_run_and_a_recent_update_change_nothing_then_one_pass_heals(
     assert container_ids(sim) == before, "a dry run changed a container"
     assert len(stack.history()) == history, "a dry run ran an update"
     assert not (tmp_path / "once-state.json").exists(), "a dry run wrote its state"
+
+    # The config says the stack should be down (not applied yet): never healed.
+    project.update_stack(STACK, {"serving": False})
+    try:
+        code, line = reconcile_once(project, tmp_path, "--grace-seconds", "0",
+                                    "--human-window-minutes", "0")
+        assert (code, line["decision"]) == (0, "not-serving"), line
+        assert len(stack.history()) == history and container_ids(sim) == before
+    finally:
+        project.update_stack(STACK, {"serving": True})
 
     # Someone's update holds the stack (a lock file where the file backend keeps them, as
     # the engine writes it): reconcile waits its turn, never cancels.
