@@ -155,6 +155,11 @@ class Reconciler:
             decision = self._decide(started, record)
         except StackError as error:
             decision = Decision("unreadable", (), f"the stack cannot be read: {error}", REFUSED)
+        except Exception as error:  # noqa: BLE001 - a pass that breaks must not end --watch
+            text = str(error).strip()
+            record["error"] = text[-2000:]
+            decision = Decision("error", (), f"the pass failed: {type(error).__name__}: "
+                                f"{text.splitlines()[-1][:300] if text else ''}", REFUSED)
         self.memory.last_pass = self.clock()
         if not self.settings.dry_run:
             save_memory(self.settings.state_file, self.memory)

@@ -66,13 +66,21 @@ def _summary(entry: auto.UpdateSummary) -> UpdateEntry:
                        result=entry.result)
 
 
+class _Workspace(auto.LocalWorkspace):
+    """Finds the stack without selecting it: `pulumi stack select` is the operator's global
+    state, and a person's next `pulumi up` without `-s` would act on the stack reconcile chose.
+    Every command the Stack runs names its stack (`--stack`)."""
+
+    def select_stack(self, stack_name: str) -> None:
+        self._run_pulumi_cmd_sync(["stack", "--stack", stack_name])
+
+
 class StackEngine:
     def __init__(self, stack: str, project_dir: Path) -> None:
         self.project_dir = project_dir.resolve()
         self.project = yaml.safe_load((self.project_dir / "Pulumi.yaml").read_text())["name"]
-        options = auto.LocalWorkspaceOptions(work_dir=str(self.project_dir))
-        self.stack = auto.select_stack(stack_name=stack, project_name=self.project,
-                                       program=self._program, opts=options)
+        workspace = _Workspace(work_dir=str(self.project_dir), program=self._program)
+        self.stack = auto.Stack.select(stack, workspace)
 
     def _program(self) -> None:
         if str(REPO) not in sys.path:

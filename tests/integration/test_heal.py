@@ -94,6 +94,8 @@ def reconcile_once(project: Project, tmp_path: Path, *args: str) -> tuple[int, d
 
 def test_a_dry_run_and_a_recent_update_change_nothing_then_one_pass_heals(
         stack: auto.Stack, project: Project, sim: SimCluster, tmp_path: Path) -> None:
+    # The operator's selected stack is another one; reconcile names its stack, never selects.
+    project.stack("bystander")
     node = DECODE["decode-b"][0]
     kill_server(sim, node, "kimipd-decode-b-r0")
     wait_exited(sim, node, "kimipd-decode-b-r0")
@@ -148,6 +150,11 @@ def test_a_dry_run_and_a_recent_update_change_nothing_then_one_pass_heals(
     assert [entry.kind for entry in newest] == ["update", "refresh"]
     assert all(entry.message.startswith("kimipd reconcile: heal decode-b") for entry in newest)
     assert {f"http://{DECODE['decode-b'][0]}:30000"} <= healthy_workers()
+    selected = subprocess.run([project.env["PULUMI_BIN"], "stack", "--show-name"],
+                              cwd=project.directory, env=os.environ | project.env,
+                              capture_output=True, text=True)
+    assert selected.stdout.strip() == "bystander", selected.stdout + selected.stderr
+    stack.workspace.remove_stack("bystander")
     # status sends the router's key with its whole-path probe (401 without it).
     status = kimipd(project, STACK, "status", "--json")
     report = json.loads(status.stdout)

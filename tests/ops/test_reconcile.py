@@ -229,3 +229,20 @@ def test_watch_finishes_its_pass_and_stops(tmp_path) -> None:
     h.reconciler.run_pass = counted
     h.reconciler.watch(0.01, stop)
     assert len(runs) == 3 and h.reconciler.last.kind == "healthy"
+
+
+def test_a_pass_that_breaks_is_logged_and_the_next_one_runs(tmp_path) -> None:
+    h = Harness(tmp_path)
+    h.dead = True
+    h.run()
+
+    def broken_preview() -> dict[str, int]:
+        raise RuntimeError("preview failed\nerror: program exited with code 1")
+
+    h.engine.pending_steps = broken_preview
+    decision = h.run(11)
+    assert (decision.kind, decision.exit_code) == ("error", REFUSED)
+    assert "RuntimeError: error: program exited with code 1" in decision.message
+    assert "preview failed" in h.lines()[-1]["error"]
+    h.engine.pending_steps = lambda: {}
+    assert h.run(1).kind == "healed"
