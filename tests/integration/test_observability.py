@@ -14,6 +14,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -83,6 +84,13 @@ def sim_observability_image() -> str:
                             capture_output=True, text=True, timeout=1800, check=False)
     assert result.returncode == 0, f"sim/sim build-observability-image:\n{result.stderr[-3000:]}"
     return result.stdout.strip().splitlines()[-1]
+
+
+def rfc3339(text: str) -> float:
+    """Alertmanager's times (nanoseconds, `Z`) as epoch seconds."""
+    whole, _, rest = text.rstrip("Z").partition(".")
+    fraction = float("0." + rest) if rest else 0.0
+    return datetime.fromisoformat(whole).replace(tzinfo=timezone.utc).timestamp() + fraction
 
 
 def remove_observability(sim: SimCluster) -> None:
@@ -193,7 +201,7 @@ def test_a_killed_decode_rank_reaches_the_receiver_as_rank_down(
     evaluation = values["prometheus"]["evaluationIntervalSeconds"]
     group_wait = values["alertmanager"]["groupWaitSeconds"]
     assert not receiver.firing("KimipdGroupRankDown", 0), receiver.received
-    killed = time.monotonic()
+    killed, killed_wall = time.monotonic(), time.time()
     assert sim.docker("10.231.60.6", "kill", "kimipd-decode-r1").returncode == 0
     deadline = killed + 120
     while time.monotonic() < deadline and not receiver.firing("KimipdGroupRankDown", killed):
@@ -202,9 +210,14 @@ def test_a_killed_decode_rank_reaches_the_receiver_as_rank_down(
     assert fired, f"no KimipdGroupRankDown at the receiver in 120s: {receiver.received}"
     at, alert = fired[0]
     elapsed = at - killed
+    # startsAt: when the alert fired (Prometheus sends its FiredAt), `for` after it turned
+    # pending at the first evaluation that saw a failed scrape.
+    fired_after = rfc3339(alert["startsAt"]) - killed_wall
     print(f"\nKimipdGroupRankDown at the receiver {elapsed:.1f}s after `docker kill` of "
-          f"kimipd-decode-r1 (for {for_seconds}s, scrape {scrape}s, evaluation {evaluation}s, "
-          f"group_wait {group_wait}s): {alert['labels']} {alert['annotations']['summary']!r}")
+          f"kimipd-decode-r1: fired after {fired_after:.1f}s (for {for_seconds}s + "
+          f"{fired_after - for_seconds:.1f}s to see it: scrape {scrape}s, evaluation "
+          f"{evaluation}s), at the receiver {elapsed - fired_after:.1f}s later (group_wait "
+          f"{group_wait}s): {alert['labels']} {alert['annotations']['summary']!r}")
     assert alert["labels"]["group"] == "decode" and alert["labels"]["mode"] == "decode"
     assert alert["labels"]["stack"] == SERVING
     # `for` from the first evaluation that sees the failed scrape: a scrape and an evaluation

@@ -173,7 +173,7 @@ def test_alertmanager_sends_every_alert_to_the_webhook() -> None:
     cfg = load_observability_config(observability_values())
     document = yaml.safe_load(alertmanager_yaml(cfg))
     assert document["route"]["receiver"] == "kimipd-webhook"
-    assert document["route"]["group_wait"] == "1s"
+    assert document["route"]["group_wait"] == "0s"
     assert document["receivers"][0]["webhook_configs"] == [
         {"url": "http://10.231.60.254:18093/kimipd-alerts", "send_resolved": True}]
 
