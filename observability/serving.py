@@ -68,18 +68,27 @@ def serving_stack(name: str, outputs: Mapping[str, Any]) -> ServingStack:
 
 
 def ttft_ceiling(verification: VerificationSpec) -> tuple[float, str] | None:
-    """The largest time to first token the verification baseline allows: for each request with a
-    minPrefillTokensPerSecond, input tokens / (that rate x (1 - tolerance)), as `scripts/kimipd
-    verify` judges it. None when no request sets a prefill rate."""
-    allowed = [(request.input_tokens
-                / (request.min_prefill_tokens_per_second * (1 - verification.tolerance)), request)
-               for request in verification.baseline if request.min_prefill_tokens_per_second]
+    """The largest time to first token the verification baseline allows, as `scripts/kimipd
+    verify` judges it: for each request with a minPrefillTokensPerSecond, input tokens / (that
+    rate x (1 - tolerance)), and no more than its maxE2eSeconds x (1 + tolerance) (the first
+    token cannot come after the last). None when no request sets a prefill rate."""
+    tolerance = verification.tolerance
+    allowed = []
+    for request in verification.baseline:
+        if not request.min_prefill_tokens_per_second:
+            continue
+        rate = request.min_prefill_tokens_per_second
+        seconds = request.input_tokens / (rate * (1 - tolerance))
+        why = (f"verification.baseline {request.name}: {request.input_tokens} tokens at "
+               f"{rate:g} tok/s -{tolerance:.0%}")
+        if request.max_e2e_seconds and request.max_e2e_seconds * (1 + tolerance) < seconds:
+            seconds = request.max_e2e_seconds * (1 + tolerance)
+            why += f", capped by its maxE2eSeconds {request.max_e2e_seconds:g} +{tolerance:.0%}"
+        allowed.append((seconds, why))
     if not allowed:
         return None
-    seconds, request = max(allowed, key=lambda pair: pair[0])
-    return round(seconds, 3), (
-        f"verification.baseline {request.name}: {request.input_tokens} tokens at "
-        f"{request.min_prefill_tokens_per_second:g} tok/s -{verification.tolerance:.0%}")
+    seconds, why = max(allowed)
+    return round(seconds, 3), why
 
 
 def ttft_threshold(cfg: ObservabilityConfig, serving: ServingStack) -> tuple[float, str]:

@@ -14,6 +14,7 @@ import yaml
 
 from components.config import ConfigError, VerificationSpec
 from observability.config import AlertsSpec, load_observability_config
+from observability.host_key import resolve_host_key
 from observability.render import (
     alertmanager_plan,
     alertmanager_yaml,
@@ -137,6 +138,11 @@ def test_the_ttft_ceiling_comes_from_the_verification_baseline() -> None:
     assert ttft_ceiling(baseline) == (1.467, "verification.baseline long: 5280 tokens at 4000 "
                                              "tok/s -10%")
     assert ttft_ceiling(VerificationSpec()) is None
+    # pro6000's runbook figures: 5280 / (112 x 0.9) = 52.4 s, but its e2e is 13.0 s (+10%).
+    pro6000 = VerificationSpec.model_validate(
+        yaml.safe_load((REPO / "Pulumi.pro6000.yaml").read_text())["config"]["kimipd:verification"])
+    assert ttft_ceiling(pro6000) == (14.3, "verification.baseline long: 5280 tokens at 112 tok/s "
+                                           "-10%, capped by its maxE2eSeconds 13 +10%")
     outputs = serving_outputs(verification=baseline.model_dump(by_alias=True, mode="json"))
     derived = load_observability_config(observability_values(alerts={}))
     assert ttft_threshold(derived, serving_stack("organization/kimipd/sim", outputs))[0] == 1.467
@@ -200,3 +206,22 @@ def test_files_are_written_whole_then_renamed(tmp_path: Path) -> None:
     subprocess.run(["bash", "-c", command], input="[1]\n", text=True, check=True)
     assert target.read_text() == "[1]\n"
     assert sorted(p.name for p in target.parent.iterdir()) == ["kimipd.json"]
+
+
+def test_the_node_key_comes_from_known_hosts_and_a_node_missing_there_is_refused(
+        tmp_path: Path) -> None:
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOFx" + "A" * 40
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(f"10.231.60.4 {key}\n")
+    values = observability_values()
+    del values["node"]["hostKey"]
+    values["connection"]["knownHostsFile"] = str(known_hosts)
+    assert resolve_host_key(load_observability_config(values)) == key
+    known_hosts.write_text(f"10.231.60.5 {key}\n")
+    with pytest.raises(ConfigError, match=r"node: '10.231.60.4' has no key in "
+                                          r"connection.knownHostsFile .*ssh-keyscan -t ed25519 "
+                                          r"10.231.60.4"):
+        resolve_host_key(load_observability_config(values))
+    values["connection"]["knownHostsFile"] = str(tmp_path / "nowhere")
+    with pytest.raises(ConfigError, match="connection.knownHostsFile: .* does not exist"):
+        resolve_host_key(load_observability_config(values))
