@@ -93,6 +93,14 @@ def alertmanager_yaml(cfg: ObservabilityConfig) -> str:
         },
         "receivers": [{"name": RECEIVER, "webhook_configs": [
             {"url": am.receiver_url, "send_resolved": True}]}],
+        # One page per fault: a rank's own target-down is implied by its group's rank-down, the
+        # Mooncake master's by its own alert.
+        "inhibit_rules": [
+            {"source_matchers": ["alertname=KimipdGroupRankDown"],
+             "target_matchers": ["alertname=KimipdTargetDown"], "equal": ["stack", "group"]},
+            {"source_matchers": ["alertname=KimipdMooncakeMasterDown"],
+             "target_matchers": ["alertname=KimipdTargetDown"], "equal": ["stack", "role"]},
+        ],
     }
     return yaml.safe_dump(document, sort_keys=False)
 

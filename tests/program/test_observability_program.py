@@ -33,6 +33,8 @@ def test_the_serving_stack_is_read_and_both_containers_run_on_the_node() -> None
     assert "--web.external-url=http://10.231.60.4:9090" in prometheus["command"]
     assert {v["containerPath"]: v.get("readOnly", False) for v in prometheus["volumes"]} == {
         "/etc/prometheus": True, "/prometheus": False}
+    assert run.waits_for(containers["prometheus"], run.named("alertmanager-ready"))
+    assert run.waits_for(run.named("prometheus-ready"), containers["prometheus"])
     provider = run.named("observability-docker").inputs
     assert provider["host"] == "ssh://root@10.231.60.4:22"
     assert run.stack_outputs == {"prometheusUrl": "http://10.231.60.4:9090",

@@ -182,6 +182,20 @@ def test_alertmanager_sends_every_alert_to_the_webhook() -> None:
     assert document["route"]["group_wait"] == "0s"
     assert document["receivers"][0]["webhook_configs"] == [
         {"url": "http://10.231.60.254:18093/kimipd-alerts", "send_resolved": True}]
+    inhibited = {(rule["source_matchers"][0], tuple(rule["equal"]))
+                 for rule in document["inhibit_rules"]}
+    assert inhibited == {("alertname=KimipdGroupRankDown", ("stack", "group")),
+                         ("alertname=KimipdMooncakeMasterDown", ("stack", "role"))}
+
+
+def test_alertmanager_accepts_its_config(tmp_path: Path) -> None:
+    amtool = shutil.which("amtool")
+    assert amtool, "amtool is missing: scripts/test installs Debian's prometheus-alertmanager"
+    cfg = load_observability_config(observability_values())
+    (tmp_path / "alertmanager.yml").write_text(alertmanager_yaml(cfg))
+    result = subprocess.run([amtool, "check-config", str(tmp_path / "alertmanager.yml")],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_the_containers_command_lines() -> None:
