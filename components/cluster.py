@@ -53,6 +53,9 @@ class Cluster(pulumi.ComponentResource):
                 for address, node in self.nodes.items()
             },
             "nodeFiles": dict(sorted(node_file_digests.items())),
+            # The observability project (observability/) derives its time-to-first-token alert
+            # from this baseline; plain data, no secret in it.
+            "verification": cfg.verification.model_dump(by_alias=True, mode="json"),
         }
         if cfg.serving:
             self._serve(cfg, child, router_api_key)

@@ -7,7 +7,7 @@ import pulumi_command as command
 import pulumi_docker as docker
 
 from .assets import ASSETS_DIR, NodeAssets
-from .config import ClusterConfig, NodeSpec
+from .config import ClusterConfig, ConnectionSpec, NodeSpec
 from .render import (
     NODE_SCRIPTS,
     docker_ssh_opts,
@@ -21,6 +21,13 @@ from .render import (
 
 def ssh_connection(cfg: ClusterConfig, node: NodeSpec, private_key: pulumi.Input[str] | None,
                    host_key: str | None) -> command.remote.ConnectionArgsDict:
+    return connection_args(cfg.connection, node, private_key, host_key)
+
+
+def connection_args(connection: ConnectionSpec, node: NodeSpec,
+                    private_key: pulumi.Input[str] | None,
+                    host_key: str | None) -> command.remote.ConnectionArgsDict:
+    """The command provider's SSH connection to NODE (the observability project's node too)."""
     return {
         "host": node.address,
         "port": node.ssh_port,
@@ -28,8 +35,8 @@ def ssh_connection(cfg: ClusterConfig, node: NodeSpec, private_key: pulumi.Input
         # A Pulumi secret (or None: then the provider uses SSH_AUTH_SOCK's agent).
         "private_key": private_key,
         "host_key": host_key,
-        "dial_error_limit": cfg.connection.dial_error_limit,
-        "per_dial_timeout": cfg.connection.per_dial_timeout_seconds,
+        "dial_error_limit": connection.dial_error_limit,
+        "per_dial_timeout": connection.per_dial_timeout_seconds,
     }
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pulumi
 from pulumi.runtime import config as runtime_config
+from pydantic import BaseModel
 
 from .config import CONFIG_NAMESPACE, SECRET_KEYS, ClusterConfig, ConfigError, shown_value
 
@@ -36,30 +37,33 @@ def _is_secret(key: str) -> bool:
             or key in runtime_config.get_config_secret_keys_env())
 
 
-def stack_config_values() -> dict[str, Any]:
-    """Every `kimipd:*` key set for the stack, so a misspelt key is caught. Secrets are left
+def stack_config_values(namespace: str = CONFIG_NAMESPACE,
+                        secret_keys: frozenset[str] = SECRET_KEYS) -> dict[str, Any]:
+    """Every `NAMESPACE:*` key set for the stack, so a misspelt key is caught. Secrets are left
     out: they never enter the model (check_stack_secrets refuses the misplaced ones)."""
-    prefix = CONFIG_NAMESPACE + ":"
+    prefix = namespace + ":"
     values = {}
     for key in _stack_keys():
-        if key.startswith(prefix) and not _is_secret(key) and key[len(prefix):] not in SECRET_KEYS:
+        if key.startswith(prefix) and not _is_secret(key) and key[len(prefix):] not in secret_keys:
             values[key[len(prefix):]] = _decode(runtime_config.get_config(key))
     return values
 
 
-def check_stack_secrets() -> None:
+def check_stack_secrets(namespace: str = CONFIG_NAMESPACE, model: type[BaseModel] = ClusterConfig,
+                        secret_keys: frozenset[str] = SECRET_KEYS) -> None:
     """Refuse a secret written in plain text, and a secret the program would never read.
 
-    A value is never quoted: it may be a private key.
+    A value is never quoted: it may be a private key. NAMESPACE, MODEL, SECRET_KEYS: the
+    project's (the observability project has its own).
     """
-    prefix = CONFIG_NAMESPACE + ":"
-    model_keys = [field.alias or name for name, field in ClusterConfig.model_fields.items()]
+    prefix = namespace + ":"
+    model_keys = [field.alias or name for name, field in model.model_fields.items()]
     problems = []
     for key in _stack_keys():
         if not key.startswith(prefix):
             continue
         name = key[len(prefix):]
-        if name in SECRET_KEYS and not _is_secret(key):
+        if name in secret_keys and not _is_secret(key):
             problems.append(
                 f"{name}: set in plain text (value not shown), so the "
                 f"{'private key' if name == 'sshPrivateKey' else 'API key'} sits "
@@ -71,8 +75,8 @@ def check_stack_secrets() -> None:
                 f"{name}: set as a secret (value not shown), but the program reads {name} as "
                 f"plain configuration: set it again without --secret (`pulumi config set {name} "
                 "...`).")
-        elif name not in SECRET_KEYS and _is_secret(key):
-            close = difflib.get_close_matches(name, sorted(SECRET_KEYS), n=1, cutoff=0.6)
+        elif name not in secret_keys and _is_secret(key):
+            close = difflib.get_close_matches(name, sorted(secret_keys), n=1, cutoff=0.6)
             guess = f" (did you mean {close[0]!r}?)" if close else ""
             target = close[0] if close else "sshPrivateKey"
             problems.append(
@@ -80,31 +84,32 @@ def check_stack_secrets() -> None:
                 f"remove it (`pulumi config rm {name}`) and set `pulumi config set --secret "
                 f"{target} < KEYFILE`.")
     if problems:
-        raise ConfigError("invalid kimipd secrets:\n  " + "\n  ".join(problems))
+        raise ConfigError(f"invalid {namespace} secrets:\n  " + "\n  ".join(problems))
 
 
-def stack_config_warnings() -> list[str]:
+def stack_config_warnings(namespace: str = CONFIG_NAMESPACE) -> list[str]:
     """Keys under a namespace nothing reads: deployable, but the key is silently ignored."""
+    read = (namespace, *READ_NAMESPACES[1:])
     warnings = []
     for key in _stack_keys():
-        namespace, _, name = key.partition(":")
-        if namespace in READ_NAMESPACES:
+        found, _, name = key.partition(":")
+        if found in read:
             continue
-        close = difflib.get_close_matches(namespace, READ_NAMESPACES, n=1, cutoff=0.5)
-        target = f"{close[0] if close else CONFIG_NAMESPACE}:{name}"
+        close = difflib.get_close_matches(found, read, n=1, cutoff=0.5)
+        target = f"{close[0] if close else namespace}:{name}"
         shown = ("value not shown" if _is_secret(key)
                  else f"value {shown_value(runtime_config.get_config(key))}")
         guess = f" (did you mean {target}?)" if close else ""
         warnings.append(
-            f"{key}: namespace {namespace!r} is read by neither this program ({CONFIG_NAMESPACE}) "
+            f"{key}: namespace {found!r} is read by neither this program ({namespace}) "
             f"nor its providers (command, docker) nor Pulumi, so this key ({shown}) is ignored"
             f"{guess}: move it (`pulumi config rm '{key}'`, then `pulumi config set {target} "
             "...`) or remove it.")
     return warnings
 
 
-def ssh_private_key() -> pulumi.Output[str] | None:
-    return pulumi.Config(CONFIG_NAMESPACE).get_secret("sshPrivateKey")
+def ssh_private_key(namespace: str = CONFIG_NAMESPACE) -> pulumi.Output[str] | None:
+    return pulumi.Config(namespace).get_secret("sshPrivateKey")
 
 
 ROUTER_API_KEY = "routerApiKey"

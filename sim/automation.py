@@ -111,6 +111,41 @@ class Project:
                                            program=self._program, opts=options)
 
 
+class ObservabilityProject:
+    """The observability project (observability/Pulumi.yaml) in a directory of its own, on the
+    backend of a serving Project, so its StackReference reads that project's stacks
+    (organization/kimipd/STACK). The program runs inline, like Project's."""
+
+    NAMESPACE = "kimipd-observability"
+
+    def __init__(self, directory: Path, serving: Project) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "Pulumi.yaml").write_text((REPO / "observability" / "Pulumi.yaml").read_text())
+        self.env = serving.env
+
+    def write_stack(self, name: str, values: dict[str, Any]) -> None:
+        """Set the stack's `kimipd-observability:*` values; secrets and salt are kept."""
+        path = self.directory / f"Pulumi.{name}.yaml"
+        document = yaml.safe_load(path.read_text()) if path.exists() else {"config": {}}
+        secrets = {k: v for k, v in document["config"].items() if isinstance(v, dict) and "secure" in v}
+        document["config"] = {f"{self.NAMESPACE}:{key}": value for key, value in values.items()} | secrets
+        path.write_text(yaml.safe_dump(document))
+
+    def _program(self) -> None:
+        if str(REPO) not in sys.path:
+            sys.path.insert(0, str(REPO))
+        with _cwd(self.directory):
+            runpy.run_path(str(REPO / "observability" / "__main__.py"), run_name="__main__")
+
+    def stack(self, name: str) -> auto.Stack:
+        cli = auto.PulumiCommand(root=str(Path(self.env["PULUMI_BIN"]).parent.parent))
+        options = auto.LocalWorkspaceOptions(work_dir=str(self.directory), env_vars=self.env,
+                                             pulumi_command=cli)
+        return auto.create_or_select_stack(stack_name=name, project_name="kimipd-observability",
+                                           program=self._program, opts=options)
+
+
 def sim_stack_env(state: Path | None = None) -> dict[str, str]:
     """Runs scripts/setup-stack-sim, the documented set-up of stack `sim` for the CLI in the
     repository root, and returns the environment its exports give: the CLI on PATH, PULUMI_HOME,

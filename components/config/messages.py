@@ -51,9 +51,9 @@ def _step(annotation: Any, part: Any) -> Any:
     return None
 
 
-def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    """The model whose value sits at LOC (ClusterConfig at ()), if it is one."""
-    annotation: Any = ClusterConfig
+def _model_at(loc: tuple[Any, ...], root: type[BaseModel] = ClusterConfig) -> type[BaseModel] | None:
+    """The model whose value sits at LOC (ROOT at ()), if it is one."""
+    annotation: Any = root
     for part in loc:
         annotation = _step(annotation, part)
     args = [arg for arg in get_args(annotation) if arg is not type(None)]
@@ -63,9 +63,10 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     return annotation if is_model else None
 
 
-def _field_at(loc: tuple[Any, ...]) -> tuple[type[BaseModel] | None, FieldInfo | None]:
+def _field_at(loc: tuple[Any, ...], root: type[BaseModel] = ClusterConfig,
+              ) -> tuple[type[BaseModel] | None, FieldInfo | None]:
     """The model holding the key at LOC and that key's field, as far as they can be found."""
-    owner = _model_at(loc[:-1])
+    owner = _model_at(loc[:-1], root)
     if owner is None or not loc:
         return owner, None
     field = next((f for name, f in owner.model_fields.items() if loc[-1] in (name, f.alias)), None)
@@ -90,12 +91,12 @@ def _example(loc: tuple[Any, ...], field: FieldInfo | None) -> str:
 _YAML_BOOLEAN = "YAML reads an unquoted yes/no/on/off/true/false as a boolean"
 
 
-def type_problem(key: str, item: Mapping[str, Any]) -> str:
-    """One pydantic error as KEY: VALUE-AS-WRITTEN, why, and the fix."""
+def type_problem(key: str, item: Mapping[str, Any], root: type[BaseModel] = ClusterConfig) -> str:
+    """One pydantic error as KEY: VALUE-AS-WRITTEN, why, and the fix (ROOT: the stack's model)."""
     kind, value, ctx = item["type"], item.get("input"), item.get("ctx") or {}
     loc = tuple(item["loc"])
     shown = shown_value(value)
-    model, field = _field_at(loc) if loc else (None, None)
+    model, field = _field_at(loc, root) if loc else (None, None)
     if kind == "extra_forbidden":
         keys = [f.alias or n for n, f in model.model_fields.items()] if model is not None else []
         where = location_key(loc[:-1]) or "the stack"
@@ -104,7 +105,7 @@ def type_problem(key: str, item: Mapping[str, Any]) -> str:
         return (f"{key}: unknown key (value {shown}), so the program would never read it"
                 f"{suggestion}: rename or remove it{listed}.")
     if kind == "missing":
-        keys = _keys_of(_model_at(loc))
+        keys = _keys_of(_model_at(loc, root))
         return f"{key}: required key is missing; set it in the stack file{keys}."
     if kind in ("int_type", "int_parsing", "int_from_float", "int_parsing_size"):
         return (f"{key}: {shown} is not a whole number; write a plain integer, without quotes, "
@@ -126,7 +127,7 @@ def type_problem(key: str, item: Mapping[str, Any]) -> str:
                 "still a list).")
     if kind in ("dict_type", "model_type", "model_attributes_type"):
         return (f"{key}: {shown} is not a mapping; write `key: value` lines under it"
-                f"{_keys_of(_model_at(loc))}.")
+                f"{_keys_of(_model_at(loc, root))}.")
     if kind in ("literal_error", "enum"):
         hint = f" ({_YAML_BOOLEAN})" if isinstance(value, bool) else ""
         quoted = " in quotes" if isinstance(value, bool) else ""

@@ -16,8 +16,9 @@ from .membership import (admit_command, drain_command, restore_command, router_r
 from .mooncake_master import mooncake_master_address, mooncake_master_command, mooncake_master_plan
 from .node_files import (prepare_dirs_command, prepare_image_command, prepared_image_id,
                          prepared_image_tag)
-from .node_scripts import (bootstrap_url, docker_ssh_opts, image_env_check_command,
-                           preflight_command, wait_bootstrap_command, wait_healthy_command)
+from .node_scripts import (bootstrap_url, connection_ssh_opts, docker_ssh_opts,
+                           image_env_check_command, preflight_command, wait_bootstrap_command,
+                           wait_healthy_command)
 from .prometheus import prometheus_targets
 from .router import (router_api_key_file, router_auth_header_file, router_command, router_plan, router_url,
                      smoke_test_command, smoke_test_text, write_api_key_command)
@@ -42,6 +43,7 @@ __all__ = [
     "bootstrap_url",
     "container_labels",
     "container_mounts",
+    "connection_ssh_opts",
     "docker_ssh_opts",
     "env_list",
     "group_endpoint",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import PurePosixPath
 
-from ..config import ClusterConfig, GroupSpec
+from ..config import ClusterConfig, ConnectionSpec, GroupSpec
 from .container_plan import ContainerPlan, container_mounts
 from .layout import MOONCAKE_MASTER, ROUTER, WAIT_HEALTHY_SCRIPT, container_name, rank_role, shell
 from .sglang import variables_set_in_every_container
@@ -12,11 +12,16 @@ from .sglang import variables_set_in_every_container
 
 def docker_ssh_opts(cfg: ClusterConfig) -> list[str]:
     """Options for the docker provider's `ssh`: the pinned host keys first, then the operator's."""
+    return connection_ssh_opts(cfg.connection)
+
+
+def connection_ssh_opts(connection: ConnectionSpec) -> list[str]:
+    """docker_ssh_opts for one `connection` section (the observability project has its own)."""
     pinned = []
-    if cfg.connection.known_hosts_file is not None:
-        pinned = ["-o", f"UserKnownHostsFile={cfg.connection.known_hosts_file}",
+    if connection.known_hosts_file is not None:
+        pinned = ["-o", f"UserKnownHostsFile={connection.known_hosts_file}",
                   "-o", "StrictHostKeyChecking=yes"]
-    return pinned + list(cfg.connection.docker_ssh_opts)
+    return pinned + list(connection.docker_ssh_opts)
 
 
 def model_host_path(cfg: ClusterConfig) -> str | None:

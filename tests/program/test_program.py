@@ -145,6 +145,17 @@ def test_smoke_test_answer_is_an_output(run: Run) -> None:
     assert len(run.stack_outputs["nodeFiles"]) == 3
 
 
+def test_the_verification_baseline_is_an_output_for_the_observability_project(run: Run) -> None:
+    """observability/ derives its time-to-first-token ceiling from it (serving.ttft_ceiling)."""
+    verification = run.stack_outputs["verification"]
+    assert [request["name"] for request in verification["baseline"]] == [
+        "warmup", "medium", "long"]
+    assert set(verification["baseline"][0]) == {
+        "name", "inputTokens", "outputTokens", "maxE2eSeconds", "minPrefillTokensPerSecond",
+        "minDecodeTokensPerSecond"}
+    assert verification["tolerance"] == 0.1
+
+
 def test_ssh_key_is_a_secret_and_never_an_output(run: Run) -> None:
     assert not run.stack_outputs_secret
     assert PRIVATE_KEY not in json.dumps(run.stack_outputs)
