@@ -17,7 +17,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from components.config import ConfigError, ConnectionSpec, NodeSpec
 from components.config.base import Model
 from components.config.grammars import absolute_path, image_reference_problem
-from components.config.messages import location_key, type_problem
+from components.config.messages import validation_problems
 
 CONFIG_NAMESPACE = "kimipd-observability"
 # Read with `Config.get_secret`; never enters the model.
@@ -141,13 +141,6 @@ def load_observability_config(raw: Mapping[str, Any]) -> ObservabilityConfig:
     try:
         return ObservabilityConfig.model_validate(dict(raw))
     except ValidationError as error:
-        lines = []
-        for item in error.errors():
-            key = location_key(item["loc"])
-            if item["type"] == "value_error":
-                for line in str(item["ctx"]["error"]).splitlines():
-                    lines.append(f"{key}: {line}" if key and not line.startswith(key) else line)
-            else:
-                lines.append(type_problem(key, item, ObservabilityConfig))
+        lines = validation_problems(error, ObservabilityConfig)
         raise ConfigError(f"invalid {CONFIG_NAMESPACE} stack configuration:\n  "
                           + "\n  ".join(lines)) from None

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from .base import ConfigError
 from .cluster_config import ClusterConfig
-from .messages import location_key, type_problem
+from .messages import validation_problems
 
 CONFIG_NAMESPACE = "kimipd"
 # Keys read with `Config.get_secret`; they never enter the model (and so never enter a rendering).
@@ -23,14 +23,7 @@ def load_cluster_config(raw: Mapping[str, Any]) -> ClusterConfig:
     try:
         return ClusterConfig.model_validate(dict(raw))
     except ValidationError as error:
-        lines = []
-        for item in error.errors():
-            key = location_key(item["loc"])
-            if item["type"] == "value_error":
-                for line in str(item["ctx"]["error"]).splitlines():
-                    lines.append(f"{key}: {line}" if key else line)
-            else:
-                lines.append(type_problem(key, item))
+        lines = validation_problems(error)
         raise ConfigError("invalid kimipd stack configuration:\n  " + "\n  ".join(lines)) from None
 
 

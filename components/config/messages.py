@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from types import UnionType
 from typing import Any, Union, get_args, get_origin
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
@@ -148,3 +148,17 @@ def type_problem(key: str, item: Mapping[str, Any], root: type[BaseModel] = Clus
                 f"{ctx.get('max_length')} are allowed; remove some.")
     return (f"{key}: {shown} is refused ({item['msg']}); write the type Pulumi.yaml documents "
             f"for {key}.")
+
+
+def validation_problems(error: ValidationError, root: type[BaseModel] = ClusterConfig) -> list[str]:
+    """Every problem pydantic found in a stack's values (ROOT: its model), one line each, as
+    KEY: what is wrong and the fix."""
+    lines = []
+    for item in error.errors():
+        key = location_key(item["loc"])
+        if item["type"] == "value_error":
+            for line in str(item["ctx"]["error"]).splitlines():
+                lines.append(f"{key}: {line}" if key and not line.startswith(key) else line)
+        else:
+            lines.append(type_problem(key, item, root))
+    return lines
