@@ -136,7 +136,8 @@ class Reconciler:
                  transport_factory: Callable[[Access], Transport],
                  engine_factory: Callable[[], StackEngine] | None = None,
                  clock: Callable[[], float] = time.time,
-                 status: Callable[[Stack], status_command.Report] | None = None) -> None:
+                 status: Callable[[Stack, Transport, Prober], status_command.Report]
+                 | None = None) -> None:
         self.settings = settings
         self.load = load
         self.transport_factory = transport_factory
@@ -168,8 +169,15 @@ class Reconciler:
 
     def _decide(self, now: float, record: dict[str, Any]) -> Decision:
         stack = self.load()
-        report = self.status(stack)
-        seen = self._router_sees(stack)
+        # One SSH transport and one HTTP client for the pass's probes.
+        transport = self.transport_factory(stack.access)
+        prober = Prober(transport, self.settings.probe_timeout)
+        try:
+            report = self.status(stack, transport, prober)
+            seen = self._router_sees(stack, prober)
+        finally:
+            prober.close()
+            transport.close()
         if seen is not None:
             record["routerSees"] = seen
         broken = breakages(report)
@@ -191,30 +199,21 @@ class Reconciler:
                         "nothing changed")
         return self._heal(engine, decision, fingerprint, record)
 
-    def _status(self, stack: Stack) -> status_command.Report:
-        transport = self.transport_factory(stack.access)
-        prober = Prober(transport, self.settings.probe_timeout)
-        try:
-            # The whole-path probe is left out: alone it heals nothing (see breakages).
-            topology = dataclasses.replace(stack.topology, generate_url=None)
-            return status_command.collect(topology, transport, prober,
-                                          self.settings.probe_timeout, 0)
-        finally:
-            prober.close()
-            transport.close()
+    def _status(self, stack: Stack, transport: Transport,
+                prober: Prober) -> status_command.Report:
+        # The whole-path probe is left out: alone it heals nothing (see breakages).
+        topology = dataclasses.replace(stack.topology, generate_url=None)
+        return status_command.collect(topology, transport, prober,
+                                      self.settings.probe_timeout, 0)
 
-    def _router_sees(self, stack: Stack) -> dict[str, Any] | None:
+    def _router_sees(self, stack: Stack, prober: Prober) -> dict[str, Any] | None:
         """The rust router's own view (GET /workers with its key): logged beside the decision;
         a heal is decided on the containers, which the router's health checks lag."""
         topology = stack.topology
         if not stack.router_api_key or not topology.router_url or topology.router is None:
             return None
-        prober = Prober(self.transport_factory(stack.access), self.settings.probe_timeout)
-        try:
-            answer = prober.request("GET", topology.router_url.rstrip("/") + "/workers",
-                                    topology.router.node, api_key=stack.router_api_key)
-        finally:
-            prober.close()
+        answer = prober.request("GET", topology.router_url.rstrip("/") + "/workers",
+                                topology.router.node, api_key=stack.router_api_key)
         try:
             workers = json.loads(answer.body or "")["workers"]
         except (ValueError, KeyError, TypeError):

@@ -56,6 +56,13 @@ class Engine:
         return {"replace": 1, "same": 40}
 
 
+class Unreachable:
+    """No node is reached: the status is injected."""
+
+    def close(self) -> None:
+        pass
+
+
 class Harness:
     def __init__(self, tmp_path: Path, dry_run: bool = False, serving: bool = True) -> None:
         self.now = 1_000_000.0
@@ -71,9 +78,9 @@ class Harness:
         self.reconciler = self.build(stack)
 
     def build(self, stack: Stack) -> Reconciler:
-        return Reconciler(self.settings, lambda: stack, lambda access: None,
+        return Reconciler(self.settings, lambda: stack, lambda access: Unreachable(),
                           engine_factory=lambda: self.engine, clock=lambda: self.now,
-                          status=lambda stack: report(row(
+                          status=lambda stack, transport, prober: report(row(
                               "decode-b-r0", "exited" if self.dead else "running",
                               ok=not self.dead, group="decode-b")))
 
