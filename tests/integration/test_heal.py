@@ -232,6 +232,9 @@ def test_watch_heals_a_killed_decode_rank_under_load_then_stops_at_the_limit(
 
         wait_until(serving_again, 600, "decode-a replaced and healthy in the router")
         healed_at = time.monotonic()
+        # The up goes on after the admission (the smoke test): its decision comes after.
+        wait_until(lambda: [d for d in decisions(log) if d.get("decision") == "healed"], 120,
+                   "reconcile's healed decision")
         time.sleep(3)
     finally:
         stop.set()
