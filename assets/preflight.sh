@@ -7,13 +7,14 @@
 #                     --compute-interface IFACE --nvidia-runtime yes|no --disk-path PATH
 #                     --min-free-disk-gb GB --model-host-path PATH|'' --device-paths a,b|''
 #                     --ports PORT=KEY,...|'' [--sysfs-root DIR] [--needs-python yes]
+#                     [--needs-nft yes]
 # --node is the address the other ranks, the router and the KV handshakes dial; --ports names,
 # for each port this node's containers bind, the stack key that sets it (for the fix).
 # --sysfs-root (default /sys) lets a test point the RDMA checks at a fake sysfs tree.
 set -uo pipefail
 
 node="" gpus=0 max_used=0 rdma_devices="" compute_interface="" nvidia_runtime=no
-disk_path=/ min_free_gb=0 model_host_path="" device_paths="" ports="" sysfs_root=/sys needs_python=""
+disk_path=/ min_free_gb=0 model_host_path="" device_paths="" ports="" sysfs_root=/sys needs_python="" needs_nft=""
 while (($# > 0)); do
   case "$1" in
     --node) node="$2" ;;
@@ -29,6 +30,7 @@ while (($# > 0)); do
     --ports) ports="$2" ;;
     --sysfs-root) sysfs_root="$2" ;;
     --needs-python) needs_python="$2" ;;
+    --needs-nft) needs_nft="$2" ;;
     *) echo "preflight.sh: unknown option '$1'" >&2; exit 2 ;;
   esac
   shift 2
@@ -168,7 +170,10 @@ check_tools() {
   if [[ -n "${needs_python}" ]] && ! command -v python3 >/dev/null; then
     fail tools "python3 not found (the rust router's membership runs router-members.py on this node); install python3 (3.8 or newer)"; return
   fi
-  pass tools "curl${needs_python:+, python3}"
+  if [[ -n "${needs_nft}" ]] && ! command -v nft >/dev/null; then
+    fail tools "nft not found (the program's firewall is an nftables table on every node); install Debian's nftables package, or set kimipd:firewall.enabled false"; return
+  fi
+  pass tools "curl${needs_python:+, python3}${needs_nft:+, nft}"
 }
 
 check_disk() {

@@ -77,6 +77,12 @@ class Router:
         return list(body.get("workers") or [])
 
 
+def worker_body(router: Router, url: str, mode: str) -> dict:
+    """POST /workers: every server requires the router's key (one key for client, router and
+    workers), which the router sends on its health checks, load polls and fan-outs."""
+    return {"url": url, "worker_type": mode, "api_key": router.key}
+
+
 def healthy_peers(workers: list[dict], mode: str, url: str) -> list[str]:
     return [w["url"] for w in workers
             if w.get("worker_type") == mode and w.get("url") != url and w.get("is_healthy")]
@@ -86,10 +92,12 @@ def registered(workers: list[dict], url: str) -> list[dict]:
     return [w for w in workers if w.get("url") == url]
 
 
-def running_requests(url: str) -> int | None:
+def running_requests(url: str, key: str) -> int | None:
     """The worker's own count (SGLang /get_load: one entry per DP rank); None if it is gone."""
+    request = urllib.request.Request(url.rstrip("/") + "/get_load",
+                                     headers={"Authorization": f"Bearer {key}"})
     try:
-        with urllib.request.urlopen(url.rstrip("/") + "/get_load", timeout=5) as response:
+        with urllib.request.urlopen(request, timeout=5) as response:
             loads = json.loads(response.read().decode())
     except (urllib.error.URLError, OSError, ValueError):
         return None
@@ -228,7 +236,7 @@ def drain(args, router: Router, state: State) -> int:
     # In-flight requests: the router sends nothing new, the worker finishes what it has.
     deadline = time.monotonic() + args.drain_timeout
     while True:
-        running = running_requests(url)
+        running = running_requests(url, router.key)
         if not running:
             log(f"{group}: drained ({'no requests running' if running == 0 else 'not answering'})")
             return 0
@@ -254,7 +262,7 @@ def admit(args, router: Router, state: State) -> int:
                 + (f"; {mode} rollout lease given back" if gave_back else ""))
             return 0
         if workers is not None and not mine and not posted:
-            body = {"url": url, "worker_type": mode}
+            body = worker_body(router, url, mode)
             if args.bootstrap_port is not None:
                 body["bootstrap_port"] = args.bootstrap_port
             status, answer = router.call("POST", "/workers", body)
@@ -293,7 +301,7 @@ def restore(args, router: Router, state: State) -> int:
                 continue
             if not url or url in registered_urls:
                 continue
-            body = {"url": url, "worker_type": mode}
+            body = worker_body(router, url, mode)
             if bootstrap != "-":
                 body["bootstrap_port"] = int(bootstrap)
             status, answer = router.call("POST", "/workers", body)

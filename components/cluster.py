@@ -5,6 +5,7 @@ from __future__ import annotations
 import pulumi
 
 from .config import ClusterConfig
+from .keys import WorkerKeyFile
 from .mooncake import MooncakeMaster
 from .node import Node
 from .render import (
@@ -71,9 +72,18 @@ class Cluster(pulumi.ComponentResource):
         self.mooncake_master = MooncakeMaster(cfg, self.nodes, wait_for=every_node_ready,
                                               opts=child)
         overlapped = cfg.start_order == "overlapped"
+        # With the rust router every server requires its key (the router registers each group
+        # with it and forwards the client's); MiniLB forwards none, so its servers have none.
+        key_files = None
+        if cfg.workers_keyed and router_api_key is not None:
+            rank_nodes = sorted({address for group in cfg.groups.values()
+                                 for address in group.nodes})
+            key_files = {address: WorkerKeyFile(cfg, self.nodes[address], router_api_key,
+                                                opts=child)
+                         for address in rank_nodes}
         self.prefill = {
             name: ServingGroup(name, cfg, self.nodes, wait_for=[self.mooncake_master.gate],
-                               bootstrap_gate=overlapped, opts=child)
+                               bootstrap_gate=overlapped, key_files=key_files, opts=child)
             for name in cfg.groups_in_mode("prefill")
         }
         prefill_gates = [group.gate for group in self.prefill.values()]
@@ -83,7 +93,8 @@ class Cluster(pulumi.ComponentResource):
         decode_waits_for = ([group.bootstrap_gate for group in self.prefill.values()]
                             if overlapped else prefill_gates)
         self.decode = {
-            name: ServingGroup(name, cfg, self.nodes, wait_for=decode_waits_for, opts=child)
+            name: ServingGroup(name, cfg, self.nodes, wait_for=decode_waits_for,
+                               key_files=key_files, opts=child)
             for name in cfg.groups_in_mode("decode")
         }
         decode_gates = [group.gate for group in self.decode.values()]

@@ -8,6 +8,7 @@ import pulumi_docker as docker
 
 from .assets import ASSETS_DIR, NodeAssets
 from .config import ClusterConfig, ConnectionSpec, NodeSpec
+from .firewall import NodeFirewall
 from .render import (
     NODE_SCRIPTS,
     docker_ssh_opts,
@@ -95,8 +96,13 @@ class Node(pulumi.ComponentResource):
             triggers=[self.image_id],
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.image]),
         )
-        # What a container on this node waits for, and the image it runs.
+        # What a container on this node waits for, and the image it runs: no container starts
+        # before its node's firewall is up (and on destroy the table goes after them).
         self.ready: list[pulumi.Resource] = [self.image, self.image_check, self.assets]
+        if cfg.firewall.enabled:
+            self.firewall = NodeFirewall(cfg, name, node.address, self.connection,
+                                         wait_for=prepared, opts=child)
+            self.ready.append(self.firewall.rules)
         self.run_image_id = self.image_id
         self.prepared_image_tag: pulumi.Output[str] | None = None
         self.register_outputs({"imageId": self.image_id, "imageDigest": self.image_digest})

@@ -12,7 +12,7 @@ from .grammars import image_reference_problem
 from .rules import RULES
 from .rules.ports import PortBinding
 from .rules.runbook import MOONCAKE_VERSION
-from .schema import (ConnectionSpec, ContainerSpec, GatesSpec, GroupSpec, MetricsSpec,
+from .schema import (ConnectionSpec, ContainerSpec, FirewallSpec, GatesSpec, GroupSpec, MetricsSpec,
                      ModelSpec, MooncakeMasterSpec, NetworkSpec, NodeFileSpec, NodeSpec,
                      PreflightSpec, RouterSpec, SmokeTestSpec, VerificationSpec)
 
@@ -36,6 +36,7 @@ class ClusterConfig(Model):
     connection: ConnectionSpec = ConnectionSpec()
     verification: VerificationSpec = VerificationSpec()
     metrics: MetricsSpec = MetricsSpec()
+    firewall: FirewallSpec = FirewallSpec()
     # false: keep node preparation (files, image, preflight), remove every container.
     serving: bool = True
     # Bumping it replaces every container, in dependency order (the runbook's `restart`).
@@ -84,6 +85,22 @@ class ClusterConfig(Model):
         return value
 
     # -- derived views (no component re-derives these) ------------------------------------
+
+    @property
+    def workers_keyed(self) -> bool:
+        """Whether every SGLang server requires the router's key. The rust router registers each
+        worker with it and forwards the client's own `Authorization` to prefill and decode, so
+        one key serves client, router and workers; MiniLB forwards none (docs/decisions.md)."""
+        return self.router.kind == "rust"
+
+    def metrics_ports_on(self, address: str) -> list[int]:
+        """Ports on this node that serve Prometheus metrics (the firewall's monitoring hosts)."""
+        ports = {group.http_port for group in self.groups.values() if address in group.nodes}
+        if self.mooncake_master.node == address:
+            ports.add(self.mooncake_master.metrics_port)
+        if self.router.node == address and self.router.kind == "rust":
+            ports.add(self.router.metrics_port)
+        return sorted(ports)
 
     def node(self, address: str) -> NodeSpec:
         return next(node for node in self.nodes if node.address == address)

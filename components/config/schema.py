@@ -348,3 +348,46 @@ class MetricsSpec(Model):
     # SGLang's --enable-metrics on every group, and the stack output prometheusTargets (every
     # rank's /metrics and the Mooncake master's metrics port) for a Prometheus file_sd_configs.
     enabled: bool = False
+
+
+def _network(value: str) -> str:
+    try:
+        ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an address or network; write one as 174.1.60.0/24, "
+                         "10.0.0.7 or ::/0") from None
+    return value
+
+
+class FirewallSpec(Model):
+    """Each node's nftables table, owned by the program (components/firewall.py).
+
+    The cluster's members (every node) reach every port; from anywhere else only SSH, the
+    router's port (from clientNetworks) and the metrics ports (from monitoringHosts) answer, so
+    the ports SGLang, NCCL and Mooncake pick at run time are closed by source, not by a list."""
+
+    enabled: bool = True
+    # Who may reach router.port, the cluster's door. Default: anyone, as without a firewall.
+    client_networks: list[str] = ["0.0.0.0/0", "::/0"]
+    # Prometheus and the like: each rank's --port (/metrics; SGLang's admin routes there need
+    # the key), the Mooncake master's metrics port and the rust router's metrics port.
+    monitoring_hosts: list[str] = []
+    # Treated as members, every port: the machine running Pulumi or a bastion whose tools
+    # (kimipd status, logs) probe the nodes directly; they fall back to SSH without it.
+    operator_hosts: list[str] = []
+    # TCP ports anyone may reach on every node: the node's own services (node_exporter, ...),
+    # which the table would otherwise refuse to non-members.
+    open_ports: list[int] = []
+
+    @field_validator("client_networks", "monitoring_hosts", "operator_hosts")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        return [_network(item) for item in value]
+
+    @field_validator("open_ports")
+    @classmethod
+    def _ports(cls, value: list[int]) -> list[int]:
+        for port in value:
+            if not 1 <= port <= 65535:
+                raise ValueError(f"{port!r} is not a TCP port; write a number from 1 to 65535")
+        return value

@@ -40,7 +40,29 @@ def config_warnings(cfg: ClusterConfig) -> list[str]:
                 "(triton); to use it add `--linear-attn-prefill-backend flashkda` (or "
                 "`--linear-attn-backend flashkda`) to groups.<name>.extraArgs, or remove the "
                 "wheel from nodeFiles.")
-    return warnings + rollout_warnings(cfg)
+    return warnings + rollout_warnings(cfg) + exposure_warnings(cfg)
+
+
+def exposure_warnings(cfg: ClusterConfig) -> list[str]:
+    """What is left open to whoever reaches a node: a door without a key, servers without one,
+    no firewall."""
+    warnings = []
+    if cfg.router.kind == "mini-lb" and cfg.serving:
+        warnings.append(
+            "router.kind: 'mini-lb' takes no key at the door (anyone in "
+            "firewall.clientNetworks can send /generate) and forwards none, so the SGLang "
+            "servers run without one: every member or operator host can call their admin routes "
+            "(/flush_cache, /update_weights_from_disk, /pause_generation, ...), and no router "
+            "health check or retry hides a group that is replaced or dies. Set router.kind "
+            "'rust' with the secret routerApiKey (pro6000 does).")
+    if not cfg.firewall.enabled:
+        warnings.append(
+            "firewall.enabled: false leaves every port of every node open to anyone who reaches "
+            "it: SGLang's bootstrap servers (a forged PUT /route redirects decode's KV "
+            "handshakes), the Mooncake master's RPC and admin ports, NCCL's and the KV "
+            "transfer's run-time ports. Remove the key (default true) unless the nodes sit "
+            "behind a firewall of their own.")
+    return warnings
 
 
 def rollout_warnings(cfg: ClusterConfig) -> list[str]:

@@ -5,11 +5,13 @@ and what runs on a node, so a reviewer reads these files to see exactly what wil
 target SGLang 0.5.19 (`python/sglang/srt/server_args.py`) and sglang-router 0.3.2. One module per
 thing rendered: `sglang.py`, `router.py` (and the smoke test), `mooncake_master.py`,
 `node_scripts.py` (preflight, gates, image check), `node_files.py` (launch.sh's installs, the
-prepared image), `prometheus.py`; `container_plan.py` is what docker is told about any container
+prepared image), `prometheus.py`, `firewall.py` (each node's nftables table); `container_plan.py` is what docker is told about any container
 and `layout.py` where things live on a node.
 """
 
 from .container_plan import ContainerPlan, container_labels, container_mounts, env_list
+from .firewall import (firewall_apply_command, firewall_remove_command, firewall_ruleset,
+                       firewall_table)
 from .layout import MOONCAKE_MASTER, NODE_ASSET_DIR, NODE_SCRIPTS, ROUTER, rank_role
 from .membership import (admit_command, drain_command, restore_command, router_ready_command,
                          unwant_command, want_command)
@@ -22,8 +24,9 @@ from .node_scripts import (bootstrap_url, connection_ssh_opts, docker_ssh_opts,
 from .prometheus import prometheus_targets
 from .router import (router_api_key_file, router_auth_header_file, router_command, router_plan, router_url,
                      smoke_test_command, smoke_test_text, write_api_key_command)
-from .sglang import (group_endpoint, sglang_command, sglang_env, sglang_launch_args,
-                     sglang_rank_plan, variables_set_in_every_container)
+from .sglang import (group_endpoint, remove_worker_key_command, sglang_command, sglang_env,
+                     sglang_launch_args, sglang_rank_plan, variables_set_in_every_container,
+                     worker_key_file, worker_key_yaml, write_worker_key_command)
 
 __all__ = [
     "MOONCAKE_MASTER",
@@ -46,6 +49,10 @@ __all__ = [
     "connection_ssh_opts",
     "docker_ssh_opts",
     "env_list",
+    "firewall_apply_command",
+    "firewall_remove_command",
+    "firewall_ruleset",
+    "firewall_table",
     "group_endpoint",
     "image_env_check_command",
     "mooncake_master_address",
@@ -70,4 +77,8 @@ __all__ = [
     "variables_set_in_every_container",
     "wait_bootstrap_command",
     "wait_healthy_command",
+    "remove_worker_key_command",
+    "worker_key_file",
+    "worker_key_yaml",
+    "write_worker_key_command",
 ]

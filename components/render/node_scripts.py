@@ -64,6 +64,8 @@ def preflight_command(cfg: ClusterConfig, address: str, script: str) -> str:
     ]
     if cfg.router.kind == "rust" and address == cfg.router.node:
         argv += ["--needs-python", "yes"]
+    if cfg.firewall.enabled:
+        argv += ["--needs-nft", "yes"]
     return f"{shell(argv)} <<'KIMIPD_PREFLIGHT'\n{script}KIMIPD_PREFLIGHT"
 
 

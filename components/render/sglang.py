@@ -2,10 +2,40 @@
 
 from __future__ import annotations
 
+import json
+
 from ..config import ClusterConfig, GroupSpec
 from .container_plan import ContainerPlan, container_plan
-from .layout import rank_role
+from .layout import NODE_ASSET_DIR, rank_role, shell
 from .node_files import launch_wrapper
+
+
+def worker_key_dir(cfg: ClusterConfig) -> str:
+    # One per stack on shared nodes, by router port like the router's own state directory.
+    return f"{NODE_ASSET_DIR}/keys-{cfg.router.port}"
+
+
+def worker_key_file(cfg: ClusterConfig) -> str:
+    """SGLang's --config file (YAML) holding `api-key`, root-only on every node with a rank and
+    mounted read-only with the assets directory: SGLang merges it into its arguments in process,
+    so the key is on no command line, in no `docker inspect` and in no environment."""
+    return f"{worker_key_dir(cfg)}/sglang.yaml"
+
+
+def worker_key_yaml(key: str) -> str:
+    """The file's content. A JSON string is a YAML string, whatever characters the key has."""
+    return f"api-key: {json.dumps(key)}\n"
+
+
+def write_worker_key_command(cfg: ClusterConfig) -> str:
+    """Writes stdin (the file's content, a secret) readable by root only, whole or not at all."""
+    directory, path = worker_key_dir(cfg), worker_key_file(cfg)
+    return (f"umask 077 && mkdir -p {shell([directory])} && cat > {shell([path + '.new'])} && "
+            f"mv {shell([path + '.new', path])}")
+
+
+def remove_worker_key_command(cfg: ClusterConfig) -> str:
+    return f"rm -rf {shell([worker_key_dir(cfg)])}"
 
 
 def sglang_launch_args(cfg: ClusterConfig, group_name: str, rank: int) -> list[str]:
@@ -33,6 +63,10 @@ def sglang_launch_args(cfg: ClusterConfig, group_name: str, rank: int) -> list[s
     if cfg.metrics.enabled:
         # Rank 0 serves /metrics on --port, ranks >= 1 on their dummy health server.
         args.append("--enable-metrics")
+    if cfg.workers_keyed:
+        # The router's key (`--api-key`), from a root-only file: every route but /health* and
+        # /metrics* then needs it, the admin ones included (no separate admin key).
+        args += ["--config", worker_key_file(cfg)]
     return args + list(group.extra_args)
 
 

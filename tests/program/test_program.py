@@ -21,7 +21,11 @@ CONTAINER = "docker:index/container:Container"
 
 @pytest.fixture
 def values(tmp_path: Path) -> dict:
-    return with_local_files(stack_values("pro6000"), tmp_path)
+    # pro6000's topology with the runbook's MiniLB, which starts once every group is ready;
+    # the rust router pro6000 ships with is test_rust_router.py's and test_security.py's.
+    values = stack_values("pro6000")
+    values["router"]["kind"] = "mini-lb"
+    return with_local_files(values, tmp_path)
 
 
 @pytest.fixture

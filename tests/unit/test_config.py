@@ -214,6 +214,7 @@ def test_missing_required_key(pro6000: dict) -> None:
 
 
 def test_minilb_with_a_policy_is_refused(pro6000: dict) -> None:
+    pro6000["router"]["kind"] = "mini-lb"
     pro6000["router"]["policy"] = "cache_aware"
     assert "router.policy: 'cache_aware' is ignored by MiniLB" in refused(pro6000)
 

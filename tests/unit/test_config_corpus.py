@@ -48,11 +48,16 @@ class Bad:
     run: dict[str, Any] = field(default_factory=dict)  # run_program options (secrets, raw keys)
 
 
+# pro6000 runs the rust router with one group of each mode: its preview says that a change of
+# either group leaves the router without that mode for a model load.
+ONE_GROUP_EACH = ("groups.prefill: the only prefill group", "groups.decode: the only decode group")
+
+
 @dataclass(frozen=True)
 class Good:
     label: str
     edit: Edit
-    warns: tuple[str, ...] = ()  # a fragment of each warning preview gives
+    warns: tuple[str, ...] = ONE_GROUP_EACH  # a fragment of each warning preview gives
 
 
 def put(*path_and_value: Any) -> Edit:
@@ -382,10 +387,22 @@ BAD = [
         "name the wheel as pip built it"),
 
     # -- the router ----------------------------------------------------------------------------
-    Bad("a policy MiniLB ignores", put("router", "policy", "cache_aware"), "router.policy",
-        "cache_aware", "set router.kind to 'rust'"),
-    Bad("a policy MiniLB ignores (round robin)", put("router", "policy", "round_robin"),
+    Bad("a policy MiniLB ignores", both(put("router", "kind", "mini-lb"),
+                                        put("router", "policy", "cache_aware")),
+        "router.policy", "cache_aware", "set router.kind to 'rust'"),
+    Bad("a policy MiniLB ignores (round robin)", both(put("router", "kind", "mini-lb"),
+                                                      put("router", "policy", "round_robin")),
         "router.policy", "round_robin", "set router.kind to 'rust'"),
+    Bad("an admin key beside the router's", put("groups", "prefill", "extraArgs",
+                                                ["--admin-api-key", "x"]),
+        "groups.prefill.extraArgs[0]", "--admin-api-key", "the servers take one key"),
+    Bad("several tokenizer workers with keyed servers",
+        put("groups", "decode", "extraArgs", ["--tokenizer-worker-num", "2"]),
+        "groups.decode.extraArgs[0]", "--tokenizer-worker-num", "--tokenizer-worker-num 1"),
+    Bad("a serving port opened to anyone", put("firewall", "openPorts", [9100, 30000]),
+        "firewall.openPorts[1]", 30000, "firewall.clientNetworks"),
+    Bad("a client network that is no network", put("firewall", "clientNetworks", ["10.0.0/8"]),
+        "firewall.clientNetworks", "10.0.0/8", "174.1.60.0/24"),
 
     # -- ports on one node (host networking) ---------------------------------------------------
     Bad("router on decode rank 0's port", put("router", "port", 30000), "router.port", 30000,
@@ -541,9 +558,15 @@ GOOD = [
     Good("pro6000 as written", unchanged),
     Good("gate interval as long as its timeout",
          both(put("gates", "timeoutSeconds", 30), put("gates", "intervalSeconds", 30))),
-    Good("rust router, round robin", both(put("router", "kind", "rust"),
-                                          put("router", "policy", "round_robin")),
-         warns=("groups.prefill: the only prefill group", "groups.decode: the only decode group")),
+    Good("rust router, round robin", put("router", "policy", "round_robin")),
+    Good("MiniLB, as the runbook ran", put("router", "kind", "mini-lb"),
+         warns=("router.kind: 'mini-lb' takes no key at the door",)),
+    Good("no firewall (the nodes behind one of their own)", put("firewall", "enabled", False),
+         warns=(*ONE_GROUP_EACH, "firewall.enabled: false leaves every port")),
+    Good("clients from one network, Prometheus from a host",
+         both(put("firewall", "clientNetworks", ["10.20.0.0/16", "fd00::/8"]),
+              put("firewall", "monitoringHosts", ["174.1.60.200"]),
+              put("firewall", "openPorts", [9100]))),
     Good("model carried by the image", both(put("container", "volumes", []),
                                             put("model", "inImage", True))),
     Good("model on its own volume", put("container", "volumes", [
@@ -569,7 +592,8 @@ GOOD = [
     Good("two RDMA devices", put("network", "rdmaDevices", ["mlx5_0", "mlx5_1"])),
     Good("a second decode group on its own node", both(
         append("nodes", {"address": "174.1.60.9"}),
-        add_group("decode2", nodes=["174.1.60.9"], tpSize=8, epSize=8))),
+        add_group("decode2", nodes=["174.1.60.9"], tpSize=8, epSize=8)),
+         warns=ONE_GROUP_EACH[:1]),
 ]
 
 # The corpus is meant to stay this large: a new rule brings its cases with it.

@@ -57,6 +57,8 @@ def expected_sglang(mode: str, rank0: str, rank: int, extra: list[str]) -> list[
         "--dist-init-addr", f"{rank0}:20000",
         "--host", "0.0.0.0",
         "--port", "30000",
+        # the router's key, from a root-only file (pro6000 runs the rust router)
+        "--config", "/opt/kimipd/keys-31000/sglang.yaml",
         *extra,
     ]
 
@@ -137,6 +139,7 @@ def test_mooncake_master_gets_the_driver_libraries_but_no_gpu(pro6000: dict) -> 
 
 
 def test_minilb_router_argv(pro6000: dict) -> None:
+    pro6000["router"]["kind"] = "mini-lb"
     assert router_command(load_cluster_config(pro6000)) == [
         "python3", "-m", "sglang_router.launch_router", "--pd-disaggregation", "--mini-lb",
         "--prefill", "http://174.1.60.1:30000", "8998",
@@ -210,7 +213,7 @@ def test_preflight_line(pro6000: dict) -> None:
                     "--disk-path", "/var/lib/docker", "--min-free-disk-gb", "200",
                     "--model-host-path", "/data/models/Kimi-K3",
                     "--device-paths", "/dev/infiniband",
-                    "--ports", "30000=groups.prefill.httpPort"]
+                    "--ports", "30000=groups.prefill.httpPort", "--needs-nft", "yes"]
 
 
 def preflight_flag(config, address: str, flag: str) -> str:
@@ -228,7 +231,7 @@ def test_preflight_ports_are_every_port_the_node_binds(pro6000: dict) -> None:
     # decode rank 0 (no bootstrap server) + router.
     assert preflight_flag(config, "174.1.60.5", "--ports").split(",") == [
         *(entry.replace("prefill", "decode") for entry in dist_init),
-        "30000=groups.decode.httpPort", "31000=router.port"]
+        "29000=router.metricsPort", "30000=groups.decode.httpPort", "31000=router.port"]
     # A rank >= 1 binds --port too (SGLang's dummy health server).
     assert preflight_flag(config, "174.1.60.8", "--ports") == "30000=groups.decode.httpPort"
 
@@ -254,7 +257,7 @@ def test_preflight_checks_only_rank_nodes_for_the_model_and_devices(pro6000: dic
     config = load_cluster_config(pro6000)
     assert preflight_flag(config, "174.1.60.9", "--model-host-path") == ""
     assert preflight_flag(config, "174.1.60.9", "--device-paths") == ""
-    assert preflight_flag(config, "174.1.60.9", "--ports") == "31000=router.port"
+    assert preflight_flag(config, "174.1.60.9", "--ports") == "29000=router.metricsPort,31000=router.port"
 
 
 def test_preflight_checks_can_be_turned_off(pro6000: dict) -> None:
@@ -519,5 +522,6 @@ def test_metrics_render_the_flag_and_every_target(pro6000: dict) -> None:
     assert targets[6] == {"targets": ["174.1.60.6:30000"],
                           "labels": {"stack": "pro6000", "role": "decode-r1", "group": "decode",
                                      "mode": "decode", "rank": "1", "node": "174.1.60.6"}}
-    assert len(targets) == 9
+    # 8 ranks, the master and the rust router's metrics port
+    assert len(targets) == 10
     json.dumps(targets)  # a file_sd document as it stands

@@ -4,7 +4,8 @@ A message names the key, the value, the reason and the fix. RULES is the order t
 are reported in (the model validator of ClusterConfig runs them all and reports every problem).
 """
 
-from .extra_args import extra_args_parse
+from .extra_args import extra_args_parse, tokenizer_workers_with_keys
+from .firewall import open_ports_serve_nothing
 from .files import model_reachable, mount_points_distinct, node_files_distinct
 from .gates import gate_polls_twice
 from .ports import ports_do_not_collide
@@ -29,10 +30,12 @@ RULES = (
     compute_network_only,
     no_nixl,
     extra_args_parse,
+    tokenizer_workers_with_keys,
     mooncake_new_enough,
     router_policy,
     rust_only_keys,
     ports_do_not_collide,
     node_files_distinct,
     gate_polls_twice,
+    open_ports_serve_nothing,
 )

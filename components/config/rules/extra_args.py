@@ -29,6 +29,12 @@ MANAGED_SGLANG_FLAGS = {
     "host": "nothing: every rank binds 0.0.0.0 so decode reaches prefill's bootstrap server",
     "port": "{group}.httpPort",
     "enable_metrics": "metrics.enabled (it also lists the targets in prometheusTargets)",
+    "api_key": "the secret routerApiKey with router.kind rust (it reaches the servers in a "
+               "root-only file, never on a command line)",
+    "admin_api_key": "nothing: the servers take one key, routerApiKey, which the router's "
+                     "/flush_cache fan-out also sends (docs/decisions.md)",
+    "config": "nothing: the program passes its own key file with --config; put options in "
+              "{group}.extraArgs",
 }
 MANAGED_ROUTER_FLAGS = {
     "pd_disaggregation": "nothing: the router always runs in PD mode",
@@ -75,3 +81,27 @@ def extra_args_parse(cfg: ClusterConfig) -> Iterable[str]:
                                         sglang_table(), managed)
     yield from _extra_args_problems("router.extraArgs", cfg.router.extra_args, router_table(),
                                     MANAGED_ROUTER_FLAGS)
+
+
+def tokenizer_workers_with_keys(cfg: ClusterConfig) -> Iterable[str]:
+    """SGLang 0.5.19 asserts that no key is set with more than one tokenizer worker (its key
+    middleware is installed only with one), so such a group would not start."""
+    if not cfg.workers_keyed:
+        return
+    table = sglang_table()
+    for name, group in cfg.groups.items():
+        args = group.extra_args
+        for occurrence in table.occurrences(args):
+            if occurrence.option.dest != "tokenizer_worker_num":
+                continue
+            if "=" in occurrence.written:
+                value = occurrence.written.split("=", 1)[1]
+            elif occurrence.index + 1 < len(args):
+                value = args[occurrence.index + 1]
+            else:
+                continue
+            if value.strip() != "1":
+                yield (f"groups.{name}.extraArgs[{occurrence.index}]: {occurrence.written!r} "
+                       f"{value!r} runs several tokenizer workers, and SGLang refuses an API key "
+                       "with more than one (router.kind 'rust' keys every server with "
+                       "routerApiKey): remove it, or use --tokenizer-worker-num 1.")

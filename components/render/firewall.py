@@ -1,0 +1,103 @@
+"""Each node's firewall: one nftables table the program owns, rendered from the model.
+
+The table accepts everything from the cluster's members and the operator's hosts, and from
+anyone else only SSH, the router's port (from `firewall.clientNetworks`), the metrics ports (from
+`firewall.monitoringHosts`) and `firewall.openPorts`; any other TCP connection is refused with a
+reset. It decides by source, not by a list of serving ports: NCCL, Gloo, the KV transfer and
+SGLang's ZMQ sockets pick ports at run time that no list could name. UDP is left alone (nothing
+here serves on it; DHCP and the node's own services do). The table is the program's own
+(`inet kimipd_PORT`, by router port like the router's state directory): no other table, chain
+or rule on the node is read or changed (docs/decisions.md).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from ..config import ClusterConfig
+from .layout import shell
+
+
+def firewall_table(cfg: ClusterConfig) -> str:
+    return f"kimipd_{cfg.router.port}"
+
+
+def _by_family(networks: list[str]) -> tuple[list[str], list[str]]:
+    v4, v6 = [], []
+    for network in networks:
+        parsed = ipaddress.ip_network(network, strict=False)
+        # A host as its address (as nft lists it back), a network as a prefix.
+        shown = (str(parsed.network_address) if parsed.prefixlen == parsed.max_prefixlen
+                 else str(parsed))
+        (v4 if parsed.version == 4 else v6).append(shown)
+    return v4, v6
+
+
+def _elements(items: list[str] | list[int]) -> str:
+    return "{ " + ", ".join(str(item) for item in items) + " }"
+
+
+def _from(networks: list[str], what: str) -> list[str]:
+    """`ip saddr {..} WHAT` / `ip6 saddr {..} WHAT` for the non-empty families."""
+    v4, v6 = _by_family(networks)
+    rules = []
+    if v4:
+        rules.append(f"ip saddr {_elements(v4)} {what}")
+    if v6:
+        rules.append(f"ip6 saddr {_elements(v6)} {what}")
+    return rules
+
+
+def firewall_ruleset(cfg: ClusterConfig, address: str) -> str:
+    """The nft script for one node: replaces the program's table in one transaction (the first
+    line creates it when absent, so the delete always has something to delete)."""
+    spec = cfg.firewall
+    table = f"inet {firewall_table(cfg)}"
+    members = sorted({node.address for node in cfg.nodes}, key=ipaddress.ip_address)
+    ssh_ports = sorted({node.ssh_port for node in cfg.nodes})
+    rules = [
+        'iif "lo" accept',
+        "ct state established,related accept",
+        "meta l4proto { icmp, ipv6-icmp } accept",
+        # Members: every port, including those picked at run time.
+        *_from(members, "accept"),
+        *_from(list(spec.operator_hosts), "accept"),
+        # Never closed: the program and the operator reach the nodes over it.
+        f"tcp dport {_elements(ssh_ports)} accept",
+    ]
+    if address == cfg.router.node:
+        rules += _from(list(spec.client_networks), f"tcp dport {cfg.router.port} accept")
+    metrics_ports = cfg.metrics_ports_on(address)
+    if metrics_ports:
+        rules += _from(list(spec.monitoring_hosts),
+                       f"tcp dport {_elements(metrics_ports)} accept")
+    if spec.open_ports:
+        rules.append(f"tcp dport {_elements(sorted(set(spec.open_ports)))} accept")
+    # A reset, not a silent drop: a stranger learns nothing more, and a tool that tries a direct
+    # connection before SSH (kimipd status) falls back at once instead of after a timeout.
+    rules.append("meta l4proto tcp reject with tcp reset")
+    body = "\n".join(f"    {rule}" for rule in rules)
+    return (f"table {table}\n"
+            f"delete table {table}\n"
+            f"table {table} {{\n"
+            "  chain input {\n"
+            # Before the usual filter chains (priority 0): a node's own accept rules in
+            # another table cannot open what this table refuses, nor this table theirs.
+            "    type filter hook input priority filter - 10; policy accept;\n"
+            f"{body}\n"
+            "  }\n"
+            "}\n")
+
+
+def firewall_apply_command(cfg: ClusterConfig) -> str:
+    """Checks the script on stdin, then applies it (`nft -c` first: a refused script changes
+    nothing, and says why)."""
+    return ("set -e; rules=$(cat); "
+            'printf "%s\\n" "$rules" | nft -c -f - && printf "%s\\n" "$rules" | nft -f - && '
+            f"nft list table inet {firewall_table(cfg)} >/dev/null")
+
+
+def firewall_remove_command(cfg: ClusterConfig) -> str:
+    table = shell([f"{firewall_table(cfg)}"])
+    return (f"if nft list table inet {table} >/dev/null 2>&1; then "
+            f"nft delete table inet {table}; fi")

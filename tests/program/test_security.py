@@ -1,0 +1,100 @@
+"""pro6000 as it ships, under Pulumi's mocks: every SGLang server keyed with the router's key from
+a root-only file, every node behind its own firewall before any container starts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import stack_values
+from tests.program.harness import (
+    ROUTER_API_KEY, SECRET_SIG, SIG_KEY, Run, host_key_of, run_program, with_local_files)
+
+pytestmark = pytest.mark.timeout(120)  # the SDK's threads can hang under mocks (pulumi#7663)
+
+NODES = [f"174.1.60.{i}" for i in range(1, 9)]
+
+
+@pytest.fixture
+def values(tmp_path: Path) -> dict:
+    return with_local_files(stack_values("pro6000"), tmp_path)
+
+
+@pytest.fixture
+def run(values: dict) -> Run:
+    return run_program(values)
+
+
+def node_name(address: str) -> str:
+    return "node-" + address.replace(".", "-")
+
+
+def test_pro6000_ships_the_keyed_rust_router(run: Run) -> None:
+    router = run.containers()["router"]
+    assert any(word.endswith("/router-launch.py") for word in router.inputs["command"])
+    assert run.stack_outputs["routerApiKey"] == ROUTER_API_KEY
+
+
+def test_every_server_reads_the_key_from_its_nodes_file(run: Run) -> None:
+    for role, container in run.containers().items():
+        if role in ("router", "mooncake-master"):
+            continue
+        command = container.inputs["command"]
+        assert command[command.index("--config") + 1] == "/opt/kimipd/keys-31000/sglang.yaml"
+        node = next(a for a in NODES if f"--node-rank" in command and a in json.dumps(
+            container.inputs["envs"]) and f"SGLANG_HOST_IP={a}" in container.inputs["envs"])
+        key_file = run.named(f"{node_name(node)}-sglang-api-key")
+        assert run.waits_for(container, key_file), role
+        # A new key is a new file, whose id restarts the rank with it.
+        labels = {label["label"]: label["value"] for label in container.inputs["labels"]}
+        assert labels["kimipd.api-key-file"] == f"{node_name(node)}-sglang-api-key-id", role
+
+
+def test_the_key_travels_as_a_secret_on_stdin_only(run: Run) -> None:
+    key_files = [r for r in run.resources if r.name.endswith("-sglang-api-key")]
+    assert len(key_files) == 8
+    for key_file in key_files:
+        assert key_file.raw_inputs["stdin"].get(SIG_KEY) == SECRET_SIG
+        assert key_file.delete_before_replace
+        assert key_file.inputs["create"].startswith("umask 077 && ")
+    for resource in run.resources:
+        assert all(trigger.get(SIG_KEY) == SECRET_SIG
+                   for trigger in resource.raw_inputs.get("triggers", [])
+                   if resource in key_files)
+        for name in ("create", "update", "delete", "command", "envs", "labels"):
+            assert ROUTER_API_KEY not in json.dumps(resource.inputs.get(name, "")), resource.name
+
+
+def test_every_node_has_a_firewall_before_any_container(run: Run) -> None:
+    containers = run.containers()
+    for address in NODES:
+        rules = run.named(f"{node_name(address)}-nftables")
+        assert rules.inputs["create"] == rules.inputs["update"]
+        assert rules.inputs["delete"].endswith("nft delete table inet kimipd_31000; fi")
+        assert rules.inputs["stdin"].startswith("table inet kimipd_31000\n")
+        assert run.waits_for(rules, run.named(f"{node_name(address)}-preflight"))
+        for role, container in containers.items():
+            if f"SGLANG_HOST_IP={address}" in container.inputs.get("envs", []) or (
+                    role == "router" and address == "174.1.60.5"):
+                assert run.waits_for(container, rules), (role, address)
+
+
+def test_a_new_member_updates_every_table_in_place(values: dict) -> None:
+    before = run_program(values).named("node-174-1-60-1-nftables").inputs["stdin"]
+    values["nodes"].append({"address": "174.1.60.9", "gpus": 0,
+                            "hostKey": host_key_of("174.1.60.9")})
+    values["router"]["node"] = "174.1.60.9"
+    after = run_program(values)
+    rules = after.named("node-174-1-60-1-nftables").inputs["stdin"]
+    assert rules != before and "174.1.60.9" in rules
+    assert "dport 31000" in after.named("node-174-1-60-9-nftables").inputs["stdin"]
+    assert "dport 31000" not in after.named("node-174-1-60-5-nftables").inputs["stdin"]
+
+
+def test_no_firewall_when_turned_off(values: dict) -> None:
+    values["firewall"] = {"enabled": False}
+    run = run_program(values)
+    assert not [r for r in run.resources if r.name.endswith("-nftables")]
+    assert any("firewall.enabled: false" in warning for warning in run.warnings)

@@ -1,0 +1,88 @@
+"""Each node's nftables table and the servers' key file, as rendered from the model."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from components.config import load_cluster_config
+from tests.conftest import stack_values
+from components.render import (firewall_remove_command, firewall_ruleset, sglang_launch_args,
+                               worker_key_file, worker_key_yaml, write_worker_key_command)
+
+
+def rules(config, address: str) -> list[str]:
+    return [line.strip() for line in firewall_ruleset(config, address).splitlines()]
+
+
+def test_members_reach_every_port_and_others_only_ssh_and_the_door(pro6000: dict) -> None:
+    config = load_cluster_config(pro6000)
+    router_node = rules(config, "174.1.60.5")
+    members = ", ".join(f"174.1.60.{n}" for n in range(1, 9))
+    assert f"ip saddr {{ {members} }} accept" in router_node
+    assert "tcp dport { 22 } accept" in router_node
+    # The door: from anyone, as without a firewall (clientNetworks' default).
+    assert "ip saddr { 0.0.0.0/0 } tcp dport 31000 accept" in router_node
+    assert "ip6 saddr { ::/0 } tcp dport 31000 accept" in router_node
+    # Everything else from a stranger, whatever the port (the run-time ones too).
+    assert router_node[-3:] == ["meta l4proto tcp reject with tcp reset", "}", "}"]
+    # The door is on the router's node only.
+    assert not [line for line in rules(config, "174.1.60.1") if "dport 31000" in line]
+
+
+def test_the_table_replaces_itself_in_one_transaction(pro6000: dict) -> None:
+    script = firewall_ruleset(load_cluster_config(pro6000), "174.1.60.1").splitlines()
+    assert script[:3] == ["table inet kimipd_31000", "delete table inet kimipd_31000",
+                          "table inet kimipd_31000 {"]
+    assert "type filter hook input priority filter - 10; policy accept;" in script[4]
+    assert firewall_remove_command(load_cluster_config(pro6000)) == (
+        "if nft list table inet kimipd_31000 >/dev/null 2>&1; then "
+        "nft delete table inet kimipd_31000; fi")
+
+
+def test_monitoring_hosts_reach_the_metrics_ports_of_each_node(pro6000: dict) -> None:
+    pro6000["firewall"] = {"monitoringHosts": ["10.9.0.7", "fd00::7"],
+                           "operatorHosts": ["10.9.0.1"], "clientNetworks": ["10.20.0.0/16"],
+                           "openPorts": [9100]}
+    config = load_cluster_config(pro6000)
+    master = rules(config, "174.1.60.1")
+    assert "ip saddr { 10.9.0.7 } tcp dport { 9003, 30000 } accept" in master
+    assert "ip6 saddr { fd00::7 } tcp dport { 9003, 30000 } accept" in master
+    assert "ip saddr { 10.9.0.1 } accept" in master
+    assert "tcp dport { 9100 } accept" in master
+    router_node = rules(config, "174.1.60.5")
+    assert "ip saddr { 10.9.0.7 } tcp dport { 29000, 30000 } accept" in router_node
+    assert "ip saddr { 10.20.0.0/16 } tcp dport 31000 accept" in router_node
+    assert not [line for line in router_node if "::/0" in line]
+
+
+@pytest.mark.skipif(shutil.which("nft") is None, reason="nft (Debian nftables) not installed")
+def test_nft_accepts_every_rendered_table(pro6000: dict) -> None:
+    """`nft -c` parses the script as the node's nft would, without touching this machine."""
+    pro6000["firewall"] = {"monitoringHosts": ["10.9.0.7", "fd00::7"], "openPorts": [9100]}
+    sim_2p2d = stack_values("sim-2p2d") | {"image": "10.231.60.254:5000/kimipd/sim-node@sha256:"
+                                           + "a" * 64}
+    for values in (pro6000, sim_2p2d):
+        config = load_cluster_config(values)
+        for node in config.nodes:
+            check = subprocess.run(["nft", "-c", "-f", "-"], capture_output=True, text=True,
+                                   input=firewall_ruleset(config, node.address), check=False)
+            assert check.returncode == 0, f"{node.address}: {check.stderr}"
+
+
+def test_keyed_servers_read_the_key_from_a_file(pro6000: dict) -> None:
+    config = load_cluster_config(pro6000)
+    argv = sglang_launch_args(config, "decode", 2)
+    assert argv[argv.index("--config") + 1] == worker_key_file(config)
+    assert not [arg for arg in argv if arg.startswith("--api-key")]
+    # A JSON string is a YAML string: any character of the key survives.
+    assert worker_key_yaml('k:#"1') == 'api-key: "k:#\\"1"\n'
+    assert write_worker_key_command(config).startswith("umask 077 && ")
+
+
+def test_minilb_servers_have_no_key(pro6000: dict) -> None:
+    pro6000["router"]["kind"] = "mini-lb"
+    config = load_cluster_config(pro6000)
+    assert "--config" not in sglang_launch_args(config, "prefill", 0)
