@@ -31,9 +31,11 @@ def sim_up() -> None:
     subprocess.run([str(SIM), "status"], check=True, stdout=subprocess.DEVNULL)
 
 
-def generate(url: str, text: str) -> dict:
+def generate(url: str, text: str, api_key: str) -> dict:
+    """POST /generate as a client does: with the router's key (every server requires it)."""
     body = json.dumps({"text": text, "sampling_params": {"max_new_tokens": 16}}).encode()
-    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(url, data=body, headers={
+        "Content-Type": "application/json", "Authorization": f"Bearer {api_key}"})
     with urllib.request.urlopen(request, timeout=60) as response:
         return json.loads(response.read())
 
@@ -65,7 +67,8 @@ def main() -> int:
           f"{dict(result.summary.resource_changes or {})}")
     print(f"router:     {outputs['routerUrl']}")
     print(f"smoke test: {outputs['smokeTest']!r}")
-    answer = generate(outputs["generateUrl"], "Hello from the kimipd demo")
+    answer = generate(outputs["generateUrl"], "Hello from the kimipd demo",
+                      outputs["routerApiKey"])
     print(f"/generate:  {answer['text']!r}")
     print("\nthe same stack from the CLI, in the repository root:\n"
           '  eval "$(scripts/setup-stack-sim)"\n'

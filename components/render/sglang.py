@@ -23,8 +23,10 @@ def worker_key_file(cfg: ClusterConfig) -> str:
 
 
 def worker_key_yaml(key: str) -> str:
-    """The file's content. A JSON string is a YAML string, whatever characters the key has."""
-    return f"api-key: {json.dumps(key)}\n"
+    """The file's content. A JSON string is a YAML string, whatever characters the key has;
+    stripped as router-launch.py strips the router's copy (a key set from a file may end in a
+    newline), so the two always agree."""
+    return f"api-key: {json.dumps(key.strip())}\n"
 
 
 def write_worker_key_command(cfg: ClusterConfig) -> str:

@@ -25,7 +25,7 @@ from bench.sim_bench import docker_time as docker_seconds
 from sim.automation import Project
 from tests.conftest import REPO, stack_values
 from tests.integration.engine import (  # noqa: F401 - fixtures
-    CONTAINER, NODES, Events, container_ids, env, new_stack, sim)
+    CONTAINER, NODES, Events, container_ids, env, new_stack, sim, with_minilb)
 from tests.integration.sim import SimCluster
 
 pytestmark = pytest.mark.timeout(1200)
@@ -50,7 +50,8 @@ def standin_wheel(tmp_path_factory) -> Path:
 
 
 def values_for(sim: SimCluster, wheel: Path, order: str) -> dict:
-    values = copy.deepcopy(stack_values("sim"))
+    # MiniLB: the router starts once every group is ready (engine.with_minilb).
+    values = with_minilb(copy.deepcopy(stack_values("sim")))
     values["image"] = sim.image
     values["startOrder"] = order
     values["nodeFiles"].append({"source": str(wheel),

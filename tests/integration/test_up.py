@@ -19,7 +19,7 @@ from sim.automation import Project
 from tests.conftest import stack_values
 from tests.integration.engine import (  # noqa: F401 - fixtures
     CONTAINER, DECODE_RANKS, NODES, PREFILL_RANKS, Events, container_ids, env, new_stack, project,
-    sim, sim_values)
+    sim, sim_values, with_minilb)
 from tests.integration.sim import SimCluster, restart_sim
 
 pytestmark = pytest.mark.timeout(1800)
@@ -40,7 +40,7 @@ def test_preflight_failure_stops_before_any_container(project: Project, sim: Sim
 
 
 def test_prefill_rank_exiting_while_loading_fails_the_gate(project: Project, sim: SimCluster) -> None:
-    values = sim_values(sim)
+    values = with_minilb(sim_values(sim))  # its router would wait for both groups
     values["groups"]["prefill"]["env"] = {"SGLANG_STANDIN_EXIT_WHILE_LOADING": "0"}
     values["gates"] = {"timeoutSeconds": 120, "intervalSeconds": 1}
     stack = new_stack(project, sim, "prefill-fault", values)
@@ -58,7 +58,8 @@ def test_prefill_rank_exiting_while_loading_fails_the_gate(project: Project, sim
 
 @pytest.fixture(scope="module")
 def stack(project: Project, sim: SimCluster) -> Iterator[auto.Stack]:
-    stack = new_stack(project, sim, "sim", sim_values(sim))
+    # The runbook's order (router last up, first down) is MiniLB's (engine.with_minilb).
+    stack = new_stack(project, sim, "sim", with_minilb(sim_values(sim)))
     yield stack
     stack.destroy()
 

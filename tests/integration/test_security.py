@@ -1,0 +1,229 @@
+"""A stranger on the sim's network, through the real engine: a host of this test's own making (its
+own network namespace on the sim's bridge, an address that is no node, no key) probes every port
+every sim node listens on, the ports picked at run time included.
+
+Without the program's firewall and keys (MiniLB, `firewall.enabled: false`: how stacks ran before)
+it reaches the servers' admin routes; with stack `sim` as shipped (1P1D, keyed rust router,
+firewall) and then `sim-2p2d` it reaches SSH and the router's door, which answers only with the
+key. The key is on no command line, in no `docker inspect`, in no log and not in plain state; a
+rule the program did not create survives its up and destroy.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pulumi import automation as auto
+
+from sim.automation import Project
+from tests.integration.engine import (  # noqa: F401 - fixtures
+    NODES, ROUTER_API_KEY, container_ids, env, new_stack, project, sim, sim_values, with_minilb)
+from tests.integration.sim import SimCluster
+
+pytestmark = pytest.mark.timeout(1800)
+
+STRANGER_NS = "kimipd-stranger"
+STRANGER = "10.231.60.200"
+BRIDGE = "kpdbr0"
+VETH = "kpdstranger"
+ROUTER_NODE, ROUTER_PORT = "10.231.60.5", 31000
+TABLE = "kimipd_31000"
+
+# Run inside the stranger's namespace: connect to each target; where something answers, ask it an
+# admin route with no key (what a stranger would try first), and the door for /generate.
+PROBE = textwrap.dedent('''
+    import json, socket, sys
+    targets, key = json.load(sys.stdin)
+    def http(host, port, method, path, headers=""):
+        body = '{"text": "hi", "sampling_params": {"max_new_tokens": 2}}' if path == "/generate" else ""
+        request = (f"{method} {path} HTTP/1.1\\r\\nHost: {host}\\r\\nConnection: close\\r\\n"
+                   f"Content-Type: application/json\\r\\nContent-Length: {len(body)}\\r\\n"
+                   f"{headers}\\r\\n{body}")
+        with socket.create_connection((host, port), timeout=3) as conn:
+            conn.settimeout(3)
+            conn.sendall(request.encode())
+            line = conn.recv(64).split(b"\\r\\n")[0].decode(errors="replace")
+        return line.split()[1] if line.startswith("HTTP/") else "no-http"
+    results = []
+    for host, port in targets:
+        try:
+            socket.create_connection((host, port), timeout=2).close()
+        except ConnectionRefusedError:
+            results.append([host, port, "refused", None, None]); continue
+        except OSError as error:
+            results.append([host, port, type(error).__name__, None, None]); continue
+        if port == 22:
+            results.append([host, port, "open", "ssh", None]); continue
+        try:
+            admin = http(host, port, "POST", "/flush_cache")
+            generate = http(host, port, "POST", "/generate")
+            keyed = http(host, port, "POST", "/generate", f"Authorization: Bearer {key}\\r\\n")
+        except OSError as error:
+            admin, generate, keyed = type(error).__name__, None, None
+        results.append([host, port, "open", admin, [generate, keyed]])
+    json.dump(results, sys.stdout)
+''')
+
+
+def node_ns(address: str) -> str:
+    return f"/var/run/netns/kpd-node{address.rsplit('.', 1)[1]}"
+
+
+def listening_ports(address: str) -> list[int]:
+    """Every TCP port the node listens on for other hosts (not loopback only)."""
+    out = subprocess.run(["nsenter", f"--net={node_ns(address)}", "ss", "-Hltn"],
+                         capture_output=True, text=True, check=True).stdout
+    ports = set()
+    for line in out.splitlines():
+        local = line.split()[3]
+        host, _, port = local.rpartition(":")
+        if host.strip("[]").startswith(("127.", "::1")):
+            continue
+        ports.add(int(port))
+    return sorted(ports)
+
+
+@pytest.fixture(scope="module")
+def stranger(sim: SimCluster) -> Iterator[str]:
+    """A host on the sim's bridge that is no node: its own namespace, removed at the end."""
+    def ip(*args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True)
+
+    subprocess.run(["ip", "netns", "del", STRANGER_NS], capture_output=True)
+    subprocess.run(["ip", "link", "del", VETH], capture_output=True)
+    ip("netns", "add", STRANGER_NS)
+    try:
+        ip("link", "add", VETH, "type", "veth", "peer", "name", "eth0", "netns", STRANGER_NS)
+        ip("link", "set", VETH, "master", BRIDGE, "up")
+        ip("-n", STRANGER_NS, "addr", "add", f"{STRANGER}/24", "dev", "eth0")
+        ip("-n", STRANGER_NS, "link", "set", "eth0", "up")
+        ip("-n", STRANGER_NS, "link", "set", "lo", "up")
+        yield STRANGER
+    finally:
+        subprocess.run(["ip", "link", "del", VETH], capture_output=True)
+        subprocess.run(["ip", "netns", "del", STRANGER_NS], capture_output=True)
+
+
+def probe(targets: list[tuple[str, int]]) -> list[list]:
+    result = subprocess.run(
+        ["nsenter", f"--net=/var/run/netns/{STRANGER_NS}", sys.executable, "-c", PROBE],
+        input=json.dumps([targets, ROUTER_API_KEY]), capture_output=True, text=True,
+        timeout=600, check=True)
+    return json.loads(result.stdout)
+
+
+def probe_every_port(what: str) -> dict[tuple[str, int], list]:
+    targets = [(node, port) for node in NODES for port in listening_ports(node)]
+    results = {(host, port): rest for host, port, *rest in probe(targets)}
+    print(f"\n{what}: the stranger {STRANGER} probed {len(targets)} listening ports")
+    print(f"  {'node:port':<20} {'connect':<9} {'POST /flush_cache':<18} "
+          "/generate (no key, key)")
+    for (host, port), (connect, admin, generate) in sorted(results.items()):
+        print(f"  {host + ':' + str(port):<20} {connect:<9} {admin or '-':<18} "
+              f"{generate or '-'}")
+    answered = sum(1 for connect, *_ in results.values() if connect == "open")
+    print(f"  answered: {answered} of {len(results)}")
+    return results
+
+
+def reachable(results: dict[tuple[str, int], list]) -> set[tuple[str, int]]:
+    return {target for target, (connect, *_) in results.items() if connect == "open"}
+
+
+@pytest.fixture(scope="module")
+def stack(project: Project, sim: SimCluster) -> Iterator[auto.Stack]:
+    # A rule of the operator's own on node 3, which the program must leave alone.
+    sim.ssh("10.231.60.3", "nft add table inet operator_rules && nft add chain inet "
+            "operator_rules input '{ type filter hook input priority 0; policy accept; }' && "
+            "nft add rule inet operator_rules input tcp dport 9999 counter accept")
+    values = with_minilb(sim_values(sim))
+    values["firewall"] = {"enabled": False}
+    stack = new_stack(project, sim, "security", values)
+    yield stack
+    stack.destroy()
+    sim.ssh("10.231.60.3", "nft delete table inet operator_rules")
+
+
+def test_without_firewall_and_keys_a_stranger_reaches_the_servers(
+        stack: auto.Stack, stranger: str) -> None:
+    """How stacks ran before: the probe finds the servers' admin routes open (this is also what
+    shows the probe can see an open port)."""
+    stack.up()
+    results = probe_every_port("without firewall and keys (MiniLB)")
+    rank0 = results[("10.231.60.1", 30000)]
+    assert rank0[0] == "open" and rank0[1] == "200", rank0  # POST /flush_cache, no key
+    assert results[("10.231.60.1", 8998)][0] == "open"  # prefill's bootstrap server
+    assert results[("10.231.60.1", 50051)][0] == "open"  # the Mooncake master's RPC
+    door = results[(ROUTER_NODE, ROUTER_PORT)]
+    assert door[2][0] == "200", door  # MiniLB: /generate without a key
+    assert len(reachable(results)) > len(NODES) + 5
+
+
+def assert_only_ssh_and_the_door(results: dict[tuple[str, int], list]) -> None:
+    expected = {(node, 22) for node in NODES} | {(ROUTER_NODE, ROUTER_PORT)}
+    assert reachable(results) == expected, sorted(reachable(results) - expected)
+    refused = {target for target, (connect, *_) in results.items() if connect != "open"}
+    assert all(results[target][0] == "refused" for target in refused), (
+        "the firewall resets a stranger's connection (a tool falls back at once)")
+    connect, admin, (generate, keyed) = results[(ROUTER_NODE, ROUTER_PORT)]
+    assert (generate, keyed) == ("401", "200"), results[(ROUTER_NODE, ROUTER_PORT)]
+
+
+def test_1p1d_as_shipped_answers_a_stranger_only_at_the_door(
+        stack: auto.Stack, project: Project, sim: SimCluster, stranger: str) -> None:
+    values = sim_values(sim)
+    project.write_stack("security", values)
+    preview = stack.preview(diff=True)
+    # What the firewall will apply is in the preview.
+    assert f"table inet {TABLE}" in preview.stdout and "reject with tcp reset" in preview.stdout
+    stack.up()
+    results = probe_every_port("stack sim as shipped (1P1D, keyed rust router, firewall)")
+    assert len(results) > len(NODES) + 5  # the servers listen as before; only the table differs
+    assert_only_ssh_and_the_door(results)
+    # The operator's own table is still there, rule and all.
+    listed = sim.ssh("10.231.60.3", "nft list table inet operator_rules")
+    assert "tcp dport 9999 counter" in listed.stdout, listed.stdout + listed.stderr
+
+
+def test_2p2d_answers_a_stranger_only_at_the_door_and_keeps_the_key_hidden(
+        stack: auto.Stack, project: Project, sim: SimCluster, stranger: str) -> None:
+    project.write_stack("security", sim_values(sim, "sim-2p2d"))
+    output: list[str] = []
+    stack.up(on_output=output.append)
+    results = probe_every_port("stack sim-2p2d (2P2D, keyed rust router, firewall)")
+    assert_only_ssh_and_the_door(results)
+    # Each node's table lists every member (updated in place when the groups changed).
+    table = sim.ssh("10.231.60.8", f"nft list table inet {TABLE}").stdout
+    assert all(node in table for node in NODES), table
+    # The key: on no process's command line on this machine (every node's containers run here).
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            assert ROUTER_API_KEY.encode() not in cmdline.read_bytes(), cmdline
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    for node in NODES:
+        for name in sim.docker(node, "ps", "-q", "--filter", "label=kimipd.role").stdout.split():
+            inspect = sim.docker(node, "inspect", name)
+            assert inspect.returncode == 0 and ROUTER_API_KEY not in inspect.stdout, (node, name)
+            logs = sim.docker(node, "logs", name)
+            assert ROUTER_API_KEY not in logs.stdout + logs.stderr, (node, name)
+        key_file = sim.ssh(node, "stat -c '%a %U' /opt/kimipd/keys-31000/sglang.yaml")
+        assert key_file.stdout.strip() == "600 root", (node, key_file.stdout, key_file.stderr)
+    assert ROUTER_API_KEY not in "".join(output)
+    assert ROUTER_API_KEY not in json.dumps(stack.export_stack().deployment)
+
+
+def test_destroy_removes_every_table_and_leaves_the_operators(
+        stack: auto.Stack, sim: SimCluster) -> None:
+    stack.destroy()
+    for node in NODES:
+        assert sim.ssh(node, f"nft list table inet {TABLE}").returncode != 0, node
+    assert sim.ssh("10.231.60.3", "nft list table inet operator_rules").returncode == 0
+    assert container_ids(sim) == {}
+
