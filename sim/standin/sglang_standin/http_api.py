@@ -6,10 +6,7 @@ import time
 
 from .generation import completions, generate, generate_stream
 from .http_base import Handler, RequestError
-
-
-# What prometheus_client's exposition (SGLang's /metrics) answers with: text format 0.0.4.
-PROMETHEUS_CTYPE = "text/plain; version=0.0.4; charset=utf-8"
+from .metrics import exposition
 
 
 class ApiHandler(Handler):
@@ -43,7 +40,7 @@ class ApiHandler(Handler):
                               "num_tokens": 0}])
             return
         if method == "GET" and path == "/metrics" and st.args.enable_metrics:
-            self._send(200, st.metrics_text(), PROMETHEUS_CTYPE)
+            self._send(200, *exposition(st.api_metrics, self.headers.get("Accept")))
             return
         if method in ("GET", "POST") and path == "/flush_cache":
             self._read_body()
@@ -106,6 +103,6 @@ class DummyHealthHandler(Handler):
                 self._send(405, {"detail": "Method Not Allowed"})
             return
         if method == "GET" and path == "/metrics" and self.st.args.enable_metrics:
-            self._send(200, self.st.scheduler_gauges_text(), PROMETHEUS_CTYPE)
+            self._send(200, *exposition(self.st.dummy_health_metrics, self.headers.get("Accept")))
             return
         self._send(404, {"detail": "Not Found"})
