@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -24,6 +23,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 import pytest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 STANDIN_DIR = Path(__file__).resolve().parents[1]
 if str(STANDIN_DIR) not in sys.path:
@@ -805,127 +806,49 @@ def test_rates_default_to_instant(launcher):
 # writes them in `le`
 TTFT_LE = ["0.1", "0.2", "0.4", "0.6", "0.8", "1.0", "2.0", "4.0", "6.0", "8.0", "10.0", "20.0",
            "40.0", "60.0", "80.0", "100.0", "200.0", "400.0", "+Inf"]
-PROM_TYPES = ("counter", "gauge", "histogram", "summary", "untyped")
-_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
-_SAMPLE_RE = re.compile(rf"^({_NAME})(?:\{{(.*)\}})? (\S+)(?: (-?[0-9]+))?$")
-_LABEL_RE = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)"\s*(,|$)')
-_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 
 
-class Family:
-    def __init__(self, name: str, mtype: str):
-        self.name, self.type, self.help = name, mtype, None
-        # (sample name, frozenset of (label, value)) -> value
-        self.samples: Dict[Tuple[str, frozenset], float] = {}
-
-
-def parse_prometheus(text: str) -> Dict[str, Family]:
-    """A strict reader of the text exposition format 0.0.4: every line must be a `# HELP`, a
-    `# TYPE` (once per family, before its samples) or a sample of the family last typed (a
-    histogram's _bucket with `le`, _sum and _count); a counter's name ends in _total; a
-    histogram's buckets are cumulative and its +Inf bucket equals its _count."""
-    assert text.endswith("\n"), text[-200:]
-    fams: Dict[str, Family] = {}
-    helps: Dict[str, str] = {}
-    current: Optional[Family] = None
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        if line.startswith("#"):
-            parts = line.split(" ", 3)
-            if len(parts) >= 3 and parts[1] == "TYPE":
-                name, mtype = parts[2], parts[3] if len(parts) > 3 else ""
-                assert re.fullmatch(_NAME, name) and mtype in PROM_TYPES, line
-                assert name not in fams, f"second TYPE for {name}"
-                if mtype == "counter":
-                    assert name.endswith("_total"), line
-                current = fams[name] = Family(name, mtype)
-            elif len(parts) >= 3 and parts[1] == "HELP":
-                assert re.fullmatch(_NAME, parts[2]), line
-                assert parts[2] not in helps, f"second HELP for {parts[2]}"
-                helps[parts[2]] = parts[3] if len(parts) > 3 else ""
-            continue
-        m = _SAMPLE_RE.match(line)
-        assert m, f"not a sample line: {line!r}"
-        sname, raw_labels, raw_value = m.group(1), m.group(2) or "", m.group(3)
-        labels: Dict[str, str] = {}
-        pos = 0
-        while pos < len(raw_labels):
-            lm = _LABEL_RE.match(raw_labels, pos)
-            assert lm, f"bad labels in {line!r}"
-            assert lm.group(1) not in labels, f"label twice in {line!r}"
-            labels[lm.group(1)] = re.sub(r'\\[\\"n]', lambda e: _UNESCAPE[e.group(0)],
-                                         lm.group(2))
-            pos = lm.end()
-        value = float(raw_value)  # also +Inf, -Inf, NaN
-        assert current is not None, f"sample before any TYPE: {line!r}"
-        if current.type == "histogram":
-            suffix = sname[len(current.name):] if sname.startswith(current.name) else None
-            assert suffix in ("_bucket", "_sum", "_count"), f"{line!r} in {current.name}"
-            assert ("le" in labels) == (suffix == "_bucket"), line
-        else:
-            assert sname == current.name, f"{line!r} in {current.name}"
-        key = (sname, frozenset(labels.items()))
-        assert key not in current.samples, f"sample twice: {line!r}"
-        current.samples[key] = value
-    for fam in fams.values():
-        fam.help = helps.get(fam.name)
-        if fam.type != "histogram":
-            continue
-        series: Dict[frozenset, List[Tuple[float, float]]] = {}
-        for (sname, lbl), v in fam.samples.items():
-            if sname.endswith("_bucket"):
-                le = dict(lbl)["le"]
-                rest = frozenset((k, x) for k, x in lbl if k != "le")
-                series.setdefault(rest, []).append((float(le), v))
-        for rest, buckets in series.items():
-            counts = [v for _, v in sorted(buckets)]
-            assert counts == sorted(counts), f"{fam.name} buckets not cumulative"
-            assert max(le for le, _ in buckets) == float("inf"), f"{fam.name}: no +Inf bucket"
-            assert counts[-1] == fam.samples[(fam.name + "_count", rest)], fam.name
-            assert (fam.name + "_sum", rest) in fam.samples, fam.name
-    return fams
-
-
-def scrape(url: str) -> Dict[str, Family]:
+def scrape(url: str) -> Dict[str, Metric]:
+    """The families of /metrics by name (a counter's without `_total`), as prometheus_client
+    reads them; a histogram's buckets must be cumulative up to +Inf, which equals its _count."""
     with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
         assert r.status == 200
         ctype = r.headers.get("Content-Type", "")
         assert ctype.startswith("text/plain; version=0.0.4"), ctype
-        return parse_prometheus(r.read().decode("utf-8"))
+        text = r.read().decode("utf-8")
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    for fam in fams.values():
+        if fam.type != "histogram":
+            continue
+        series: Dict[frozenset, List[Tuple[float, float]]] = {}
+        for s in fam.samples:
+            if s.name.endswith("_bucket"):
+                rest = frozenset((k, v) for k, v in s.labels.items() if k != "le")
+                series.setdefault(rest, []).append((float(s.labels["le"]), s.value))
+        for rest, buckets in series.items():
+            counts = [v for _, v in sorted(buckets)]
+            assert counts == sorted(counts), f"{fam.name} buckets not cumulative"
+            assert max(le for le, _ in buckets) == float("inf"), f"{fam.name}: no +Inf bucket"
+            assert [counts[-1]] == [s.value for s in fam.samples if s.name == fam.name + "_count"
+                                    and frozenset(s.labels.items()) == rest], fam.name
+    return fams
 
 
-def metric(fams: Dict[str, Family], sample: str, **labels: str) -> float:
+def family(fams: Dict[str, Metric], sample: str) -> Metric:
+    """The family that holds the samples named `sample`."""
+    return next(f for f in fams.values() if any(s.name == sample for s in f.samples)
+                or f.name == sample)
+
+
+def metric(fams: Dict[str, Metric], sample: str, **labels: str) -> float:
     """The sum of the samples named `sample` whose labels include `labels` (0 if none)."""
-    family = next((f for f in fams.values()
-                   if sample == f.name or (f.type == "histogram" and sample.startswith(f.name))),
-                  None)
-    if family is None:
-        return 0.0
     want = set(labels.items())
-    return sum(v for (n, lbl), v in family.samples.items() if n == sample and want <= lbl)
+    return sum(s.value for f in fams.values() for s in f.samples
+               if s.name == sample and want <= set(s.labels.items()))
 
 
-def series_labels(fams: Dict[str, Family], sample: str) -> List[Dict[str, str]]:
-    return [dict(lbl) for fam in fams.values() for (n, lbl) in fam.samples if n == sample]
-
-
-def test_parse_prometheus_refuses_what_prometheus_would():
-    ok = ('# HELP a_total Help \\\\ text.\n# TYPE a_total counter\na_total{x="q\\"uote"} 3.0\n'
-          '# TYPE h histogram\nh_bucket{le="1.0"} 1.0\nh_bucket{le="+Inf"} 2.0\n'
-          'h_count 2.0\nh_sum 1.5\n')
-    fams = parse_prometheus(ok)
-    assert metric(fams, "a_total", x='q"uote') == 3 and metric(fams, "h_count") == 2
-    assert fams["a_total"].help == "Help \\\\ text." and fams["h"].help is None
-    for bad in ("a 1\n",  # no TYPE
-                "# TYPE a counter\na 1\n",  # a counter without _total
-                "# TYPE a gauge\na{x=1} 1\n",  # unquoted label value
-                "# TYPE a gauge\na one\n",
-                "# TYPE a gauge\nb 1\n",  # sample of another family
-                '# TYPE h histogram\nh_bucket{le="1.0"} 2.0\nh_bucket{le="+Inf"} 1.0\n'
-                "h_count 1.0\nh_sum 1.0\n"):
-        with pytest.raises((AssertionError, ValueError)):
-            parse_prometheus(bad)
+def series_labels(fams: Dict[str, Metric], sample: str) -> List[Dict[str, str]]:
+    return [dict(s.labels) for f in fams.values() for s in f.samples if s.name == sample]
 
 
 def test_metrics_only_with_enable_metrics(launcher):
@@ -950,7 +873,7 @@ def test_metrics_count_tokens_requests_and_ttft(launcher):
     sched = {"model_name": model, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0",
              "moe_ep_rank": "0", "dp_rank": "0"}  # the group runs --dp-size 8
     for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs"):
-        assert before[name].type == "gauge" and before[name].help
+        assert before[name].type == "gauge" and before[name].documentation
         assert series_labels(before, name) == [sched], name
     assert metric(before, "sglang:num_running_reqs") == 0
     assert metric(before, "sglang:standin_ready") == 1
@@ -998,15 +921,15 @@ def test_metrics_count_tokens_requests_and_ttft(launcher):
     assert grew("sglang:num_requests_total", "true") == 1
     for name in ("sglang:prompt_tokens_total", "sglang:generation_tokens_total",
                  "sglang:num_requests_total"):
-        assert after[name].type == "counter"
+        assert family(after, name).type == "counter"
         assert sorted(series_labels(after, name), key=lambda labels: labels["is_streaming"]) == [
             dict(tok, is_streaming="false"), dict(tok, is_streaming="true")], name
     ttft = after["sglang:time_to_first_token_seconds"]
     assert ttft.type == "histogram"
     for stream, n in (("false", n_seqs), ("true", 1)):
         assert grew("sglang:time_to_first_token_seconds_count", stream) == n
-        les = [dict(lbl)["le"] for (s, lbl) in ttft.samples
-               if s.endswith("_bucket") and dict(lbl).get("is_streaming") == stream]
+        les = [s.labels["le"] for s in ttft.samples
+               if s.name.endswith("_bucket") and s.labels.get("is_streaming") == stream]
         assert les == TTFT_LE
         # every first token came >= 0.3 s after its request (600 prompt tokens at 2000/s); the
         # batch's second sequence waited for the first one too: >= 0.6 s. The streamed one's
