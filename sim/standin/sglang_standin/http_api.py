@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+from typing import Optional
 
+from .auth import Decision
 from .generation import completions, generate, generate_stream
 from .http_base import Handler, RequestError
 from .metrics import exposition
@@ -13,6 +15,10 @@ class ApiHandler(Handler):
     """Rank 0: SGLang's HTTP API; /health is 503 until the whole group is ready."""
 
     kind = "api"
+
+    def refusal(self, method: str, path: str) -> Optional[Decision]:
+        decision = self.st.api_keys.check(method, path, self.headers.get("Authorization"))
+        return None if decision.allowed else decision
 
     def route(self, method: str, path: str) -> None:
         st = self.st

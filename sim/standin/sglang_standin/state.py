@@ -9,6 +9,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import __version__
+from .auth import ApiKeys, redacted
 from .bootstrap import KVStore
 from .log import log
 from .metrics import api_registry, dummy_health_registry
@@ -86,6 +87,12 @@ class Standin:
                 "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True with Mooncake)"
             )
 
+        # Checked on rank 0's API server only (the bootstrap and dummy health servers have none).
+        self.api_keys = ApiKeys(
+            getattr(args, "api_key", None), getattr(args, "admin_api_key", None),
+            tokenizer_workers=int(getattr(args, "tokenizer_worker_num", 1) or 1),
+            dumper_route=os.environ.get("DUMPER_SERVER_PORT") == "reuse")
+
         self.lock = threading.Lock()
         self.loaded = threading.Event()
         # Set once the ready banner is printed: /health turns 200 only after it, as in SGLang,
@@ -143,7 +150,8 @@ class Standin:
     # ---------------- what the info endpoints report
 
     def server_info(self) -> Dict[str, Any]:
-        info = {k: v for k, v in vars(self.args).items()}
+        # SGLang 0.5.19 reports the keys themselves here; the stand-in only that they are set.
+        info = redacted(vars(self.args))
         info.update(
             {
                 "version": "standin",
