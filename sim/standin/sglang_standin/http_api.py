@@ -3,12 +3,33 @@
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import Any, Dict, Optional, Tuple
 
-from .auth import Decision
+from .auth import ADMIN_OPTIONAL_ROUTES, Decision
 from .generation import completions, generate, generate_stream
 from .http_base import Handler, RequestError
 from .metrics import exposition
+
+# A few of SGLang's admin routes, so that a probe (are they behind the admin key?) meets real
+# routes. Each only answers as SGLang does on success (body, content type); nothing is loaded,
+# paused, aborted, released or profiled. Their methods are SGLang's (auth.ADMIN_OPTIONAL_ROUTES).
+ADMIN_ACKS: Dict[str, Tuple[Any, str]] = {
+    "/update_weights_from_disk": (
+        {"success": True, "message": "Succeeded to update model weights.",
+         "num_paused_requests": 0}, "application/json"),
+    "/pause_generation": (
+        {"message": "Generation paused successfully.", "status": "ok"}, "application/json"),
+    "/continue_generation": (
+        {"message": "Generation continued successfully.", "status": "ok"}, "application/json"),
+    "/abort_request": (None, "application/json"),
+    "/release_memory_occupation": ("null", "application/json"),
+    "/resume_memory_occupation": ("null", "application/json"),
+    "/load_lora_adapter": (
+        {"success": True, "error_message": None, "loaded_adapters": {}}, "application/json"),
+    "/start_profile": ("Start profiling.\n", "text/plain; charset=utf-8"),
+    "/stop_profile": ("Stop profiling. This will take some time.\n", "text/plain; charset=utf-8"),
+}
+_ADMIN_ACK_METHODS = {path: methods for path, methods in ADMIN_OPTIONAL_ROUTES if path in ADMIN_ACKS}
 
 
 class ApiHandler(Handler):
@@ -51,6 +72,13 @@ class ApiHandler(Handler):
         if method in ("GET", "POST") and path == "/flush_cache":
             self._read_body()
             self._send(200, "Cache flushed.\n", "text/plain")
+            return
+        if path in ADMIN_ACKS:
+            self._read_body()
+            if method not in _ADMIN_ACK_METHODS[path]:
+                self._send(405, {"detail": "Method Not Allowed"})
+                return
+            self._send(200, *ADMIN_ACKS[path])
             return
         if method == "POST" and path in ("/generate", "/v1/completions", "/v1/chat/completions"):
             arrived = time.monotonic()  # time to first token counts from here
