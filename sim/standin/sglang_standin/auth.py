@@ -178,7 +178,7 @@ def secret_values(argv: Iterable[str]) -> List[str]:
     """The values given to SECRET_OPTIONS in ARGV (also as `--opt=value`, with underscores, or
     abbreviated as argparse allows)."""
     def secret_flag(flag: str) -> bool:
-        flag = flag.replace("_", "-")
+        flag = flag.replace("_", "-").lower()
         return len(flag) > 3 and any(option.startswith(flag) for option in SECRET_OPTIONS)
 
     values: List[str] = []
@@ -200,6 +200,18 @@ def scrub(text: str, secrets_: Iterable[str]) -> str:
     for value in sorted(set(secrets_), key=len, reverse=True):
         text = text.replace(value, REDACTED)
     return text
+
+
+def safe_error(error: BaseException, argv: Iterable[str]) -> str:
+    """`Type: message` of an error met while reading the flags, with nothing that could carry a
+    key: no secret flag's value, and for a YAML error not the snippet of the file it quotes."""
+    mark = getattr(error, "problem_mark", None)
+    if mark is not None:  # yaml.MarkedYAMLError
+        text = (f"{type(error).__name__}: {getattr(error, 'problem', None) or 'invalid YAML'} "
+                f"(line {mark.line + 1}, column {mark.column + 1})")
+    else:
+        text = f"{type(error).__name__}: {error}"
+    return scrub(text, secret_values(argv))
 
 
 def redacted(values: Dict[str, object]) -> Dict[str, object]:

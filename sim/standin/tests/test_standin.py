@@ -36,7 +36,7 @@ from sglang_standin.lifecycle import READY_BANNER  # noqa: E402
 
 HOST = "127.0.0.1"
 FALLBACK_NOTICE = ("stand-in: real SGLang parser not installed; using the fallback parser "
-                   "(37 flags, no abbreviations)")
+                   "(40 flags, no abbreviations)")
 LOAD_SECONDS = "0.5"
 HAVE_ROUTER = importlib.util.find_spec("sglang_router") is not None
 needs_router = pytest.mark.skipif(
@@ -265,6 +265,7 @@ class FakeRealParse:
     values: Dict[str, object] = field(default_factory=dict)
     error: str = ""
     version: str = "0.5.19"
+    exit_code: int = 2
 
 
 def real_values(**overrides) -> Dict[str, object]:
