@@ -147,14 +147,15 @@ def decide(method: str, path: str, authorization: Optional[str], api_key: Option
 
 
 class ApiKeys:
-    """Rank 0's keys, and whether SGLang would enforce them (it installs the middleware only when
-    a key is set, and only with one tokenizer worker)."""
+    """Rank 0's keys, and whether SGLang would check them at all: it installs the middleware
+    only when a key is set (or a route is ADMIN_FORCE), and only with one tokenizer worker."""
 
     def __init__(self, api_key: Optional[str], admin_api_key: Optional[str],
                  tokenizer_workers: int = 1, dumper_route: bool = False) -> None:
         self.api_key = api_key
         self.admin_api_key = admin_api_key
-        self.enforced = bool(api_key or admin_api_key) and tokenizer_workers == 1
+        self.enforced = (bool(api_key or admin_api_key or ADMIN_FORCE_ROUTES)
+                         and tokenizer_workers == 1)
         self.levels = RouteLevels(dumper_route)
 
     def check(self, method: str, path: str, authorization: Optional[str]) -> Decision:
