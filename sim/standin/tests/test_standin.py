@@ -60,11 +60,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def http(method: str, url: str, body=None, timeout: float = 10.0) -> Tuple[int, str]:
+def http(method: str, url: str, body=None, timeout: float = 10.0, key: Optional[str] = None,
+         headers: Optional[Dict[str, str]] = None) -> Tuple[int, str]:
+    """(status, body text); `key` is sent as `Authorization: Bearer KEY`."""
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method)
+    req = urllib.request.Request(url, data=data, method=method, headers=dict(headers or {}))
     if data is not None:
         req.add_header("Content-Type", "application/json")
+    if key is not None:
+        req.add_header("Authorization", f"Bearer {key}")
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, r.read().decode()
@@ -136,7 +140,7 @@ class Launcher:
         return self.start(name, [sys.executable, "-m", "sglang.launch_server"] + flags, e)
 
     def group(self, name: str, mode: str, nnodes: int = 2, env: Optional[Dict[str, str]] = None,
-              start_ranks: Optional[List[int]] = None):
+              start_ranks: Optional[List[int]] = None, extra_flags: Optional[List[str]] = None):
         """Start an nnodes group; all ranks get the same flags except --node-rank and --host
         (each rank's own address, see rank_host)."""
         port, dist, boot = free_port(), free_port(), free_port()
@@ -153,7 +157,7 @@ class Launcher:
             "--watchdog-timeout", "1000000", "--cuda-graph-bs", "1", "2", "4",
             "--moe-a2a-backend", "deepep", "--enable-dp-attention", "--dp-size", str(8 * nnodes),
             "--disable-radix-cache", "--skip-server-warmup", "--enable-metrics",
-        ]
+        ] + list(extra_flags or [])
         ranks = range(nnodes) if start_ranks is None else start_ranks
         procs = {r: self.server(f"{name}{r}", rank_flags(flags, r), env) for r in ranks}
         g = {"port": port, "dist": dist, "boot": boot, "flags": flags, "procs": procs,
@@ -387,6 +391,155 @@ def test_single_node_api_and_sigterm(launcher):
     p.popen.send_signal(signal.SIGTERM)
     assert p.popen.wait(timeout=5) == 0
     assert time.monotonic() - t0 < 3
+
+
+# ------------------------------------------------------------------------------------------------
+# API keys: SGLang 0.5.19's rules (sglang_standin/auth.py; test_auth.py holds them to SGLang's own)
+
+API_KEY, ADMIN_KEY = "sk-standin-api-7f3c", "sk-standin-admin-91d2"
+UNAUTHORIZED = '{"error":"Unauthorized"}'  # SGLang's middleware answers with this, as 401
+PROMPT = {"text": "hi", "sampling_params": {"max_new_tokens": 2}}
+# The admin routes the stand-in acknowledges; each takes POST.
+ADMIN_ROUTES = ["/flush_cache", "/update_weights_from_disk", "/pause_generation",
+                "/continue_generation", "/abort_request", "/release_memory_occupation",
+                "/resume_memory_occupation", "/load_lora_adapter", "/start_profile",
+                "/stop_profile"]
+
+
+def keyed_server(launcher, name: str, flags: List[str],
+                 env: Optional[Dict[str, str]] = None) -> Tuple[Proc, str]:
+    port = free_port()
+    p = launcher.server(name, ["--model-path", str(launcher.model_dir), "--host", HOST,
+                               "--port", str(port)] + flags, env)
+    url = f"http://{HOST}:{port}"
+    try:
+        wait_for(lambda: health(url) == 200, 20, f"{name} healthy")  # /health takes no key
+    except AssertionError:
+        raise AssertionError(f"{name} did not become healthy:\n{p.output()[-3000:]}")
+    return p, url
+
+
+def test_api_key_guards_rank0s_api(launcher):
+    p, url = keyed_server(launcher, "keyed", ["--enable-metrics", "--api-key", API_KEY])
+    assert http("GET", url + "/health_generate")[0] == 200
+    code, text = http("GET", url + "/metrics")
+    assert code == 200 and "sglang:num_running_reqs" in text
+    assert http("POST", url + "/generate", PROMPT) == (401, UNAUTHORIZED)
+    assert http("POST", url + "/generate", PROMPT, key="sk-wrong")[0] == 401
+    assert http("POST", url + "/generate", PROMPT,
+                headers={"Authorization": f"Basic {API_KEY}"})[0] == 401
+    code, text = http("POST", url + "/generate", PROMPT, key=API_KEY)
+    assert code == 200 and json.loads(text)["text"] == generate_words("hi", 2)
+    # an admin route, without --admin-api-key: the API key opens it (the scheme in any case)
+    assert http("GET", url + "/flush_cache") == (401, UNAUTHORIZED)
+    assert http("GET", url + "/flush_cache",
+                headers={"Authorization": f"bearer {API_KEY}"})[0] == 200
+    code, text = http("POST", url + "/pause_generation", {}, key=API_KEY)
+    assert code == 200 and json.loads(text)["status"] == "ok"
+    # the check comes before routing: an unknown path is 401 without the key, 404 with it
+    assert http("GET", url + "/nope") == (401, UNAUTHORIZED)
+    assert http("GET", url + "/nope", key=API_KEY)[0] == 404
+    info = json.loads(http("GET", url + "/server_info", key=API_KEY)[1])
+    assert (info["api_key"], info["admin_api_key"]) == ("<redacted>", None)
+    out = p.output()
+    assert "API keys: --api-key set, --admin-api-key not set" in out
+    assert API_KEY not in out
+
+
+def test_admin_key_alone_opens_the_admin_routes(launcher):
+    p, url = keyed_server(launcher, "admin", ["--api-key", API_KEY, "--admin-api-key", ADMIN_KEY])
+    for path in ADMIN_ROUTES:
+        assert http("POST", url + path, {}) == (401, UNAUTHORIZED), path
+        assert http("POST", url + path, {}, key=API_KEY) == (401, UNAUTHORIZED), path
+        assert http("POST", url + path, {}, key=ADMIN_KEY)[0] == 200, path
+    code, text = http("POST", url + "/update_weights_from_disk", {"model_path": "/x"},
+                      key=ADMIN_KEY)
+    assert json.loads(text)["success"] is True
+    assert http("POST", url + "/generate", PROMPT, key=ADMIN_KEY) == (401, UNAUTHORIZED)
+    assert http("POST", url + "/generate", PROMPT, key=API_KEY)[0] == 200
+    # GET is no method of /update_weights_from_disk: no admin route matches it, so the API key
+    # is what SGLang checks, and the route then answers 405
+    assert http("GET", url + "/update_weights_from_disk", key=ADMIN_KEY)[0] == 401
+    assert http("GET", url + "/update_weights_from_disk", key=API_KEY)[0] == 405
+    out = p.output()
+    assert API_KEY not in out and ADMIN_KEY not in out
+
+
+def real_sglang_site() -> str:
+    """The real SGLang's site-packages, for the stand-in's real-parser path (upstream.py runs it
+    with this interpreter), or a skip where it is not there or built for another Python."""
+    venv = os.environ.get("KIMIPD_REAL_SGLANG_VENV")
+    if not venv or not Path(venv).is_dir():
+        pytest.skip("KIMIPD_REAL_SGLANG_VENV is unset or missing: the real-parser path needs it "
+                    "(export KIMIPD_REAL_SGLANG_VENV=$(scripts/setup-real-sglang))")
+    python = "python{}.{}".format(*sys.version_info[:2])
+    site = Path(venv) / "lib" / python / "site-packages"
+    if not (site / "sglang").is_dir():
+        pytest.skip(f"no real sglang for this Python ({sys.version.split()[0]}) under {venv}")
+    return str(site)
+
+
+@pytest.mark.parametrize("parser", ["fallback", "real"])
+def test_config_file_keeps_the_keys_off_the_command_line(launcher, tmp_path, parser):
+    real = real_sglang_site() if parser == "real" else str(STANDIN_DIR / "no-real-sglang-here")
+    config = tmp_path / "serving.yaml"
+    config.write_text(f"api-key: {API_KEY}\nadmin-api-key: {ADMIN_KEY}\nenable-metrics: true\n")
+    p, url = keyed_server(launcher, f"config-{parser}", ["--config", str(config)],
+                          {"SGLANG_STANDIN_REAL_SGLANG": real})
+    out = p.output()
+    assert ("flags parsed by the real SGLang" in out) == (parser == "real"), out[-2000:]
+    assert http("POST", url + "/generate", PROMPT) == (401, UNAUTHORIZED)
+    assert http("POST", url + "/generate", PROMPT, key=API_KEY)[0] == 200
+    assert http("POST", url + "/flush_cache", key=API_KEY)[0] == 401
+    assert http("POST", url + "/flush_cache", key=ADMIN_KEY)[0] == 200
+    assert http("GET", url + "/metrics")[0] == 200  # enable-metrics: true, from the file
+    cmdline = Path(f"/proc/{p.popen.pid}/cmdline").read_bytes()
+    assert str(config).encode() in cmdline
+    assert API_KEY.encode() not in cmdline and ADMIN_KEY.encode() not in cmdline
+    out = p.output()
+    assert API_KEY not in out and ADMIN_KEY not in out
+
+
+def test_config_file_merges_as_sglangs_and_its_errors_keep_the_key(monkeypatch, tmp_path):
+    fake_real_parser(monkeypatch, None)  # the fallback parser, in this process
+    config = tmp_path / "serving.yml"
+    config.write_text("tp-size: 4\nport: 31000\ncuda-graph-bs: [1, 2]\nenable-metrics: false\n")
+    args = standin_args.parse_args(["--tp", "8", "--model-path", "m", "--config", str(config)])
+    # the file first, then the command line: the command line wins
+    assert (args.tp_size, args.port, args.cuda_graph_bs) == (8, 31000, [1, 2])
+    assert args.enable_metrics is False and args.config is None
+
+    def refused(text: str, suffix: str = ".yaml") -> subprocess.CompletedProcess:
+        path = tmp_path / f"bad{suffix}"
+        path.write_text(text)
+        r = run_cli(["--model-path", "m", "--config", str(path)])
+        assert API_KEY not in r.stdout + r.stderr
+        return r
+
+    r = refused(f"api-key: {API_KEY}\n", ".json")
+    assert r.returncode == 1
+    assert "ValueError: Config file must be YAML format, got: .json" in r.stderr
+    r = refused(f'api-key: "{API_KEY}\n')  # a YAML error quotes the file: not here
+    assert r.returncode == 1 and "ScannerError" in r.stderr, r.stderr
+    # SGLang writes each key as spelled (`--api_key`), and its parser refuses that; so does ours
+    r = refused(f"api_key: {API_KEY}\n")
+    assert r.returncode == 2, r.stderr
+    assert "error: unrecognized arguments: --api_key <redacted>" in r.stderr
+    r = run_cli(["--model-path", "m", "--config", str(tmp_path / "none.yaml")])
+    assert r.returncode == 1 and "Config file not found" in r.stderr
+
+
+def test_bootstrap_and_rank1_health_servers_take_no_key(launcher):
+    g = launcher.group("prefill", "prefill", extra_flags=["--api-key", API_KEY])
+    wait_healthy(g)
+    rank1 = g["rank_urls"][1]
+    wait_for(lambda: health(rank1) == 200, 10, "rank 1 dummy health")
+    assert http("GET", f"http://{HOST}:{g['boot']}/route")[0] == 200
+    assert http("GET", rank1 + "/metrics")[0] == 200
+    assert http("GET", rank1 + "/nope")[0] == 404  # no key check there: not 401
+    assert http("GET", g["url"] + "/nope") == (401, UNAUTHORIZED)
+    for proc in g["procs"].values():
+        assert API_KEY not in proc.output()
 
 
 # ------------------------------------------------------------------------------------------------
