@@ -2,8 +2,9 @@
 
 Why not setuptools: the setuptools that ships with Python 3.11 (65.x) cannot build a wheel without
 the separate `wheel` package, so `pip install ./sim/standin` would have to download build
-dependencies.  This backend needs nothing, so the install works offline, with or without
-`--no-build-isolation`, on any Python >= 3.9.
+dependencies.  This backend needs nothing, so the build works offline, with or without
+`--no-build-isolation`, on any Python >= 3.9.  The runtime dependencies (`[project] dependencies`)
+go into the wheel's metadata as `Requires-Dist`, and pip installs them as for any package.
 
 It packs the two pure-Python packages `sglang_standin` and the `sglang` shim, plus the console
 script `sglang-standin`.  Hooks: build_wheel, build_sdist, build_editable (PEP 660) and the
@@ -38,6 +39,7 @@ def _project():
             "description": proj.get("description", ""),
             "requires_python": proj.get("requires-python", ""),
             "scripts": dict(proj.get("scripts", {})),
+            "dependencies": list(proj.get("dependencies", [])),
             "extras": {k: list(v) for k, v in proj.get("optional-dependencies", {}).items()},
         }
     except ImportError:  # Python 3.9 / 3.10: the few fields we need, by pattern
@@ -46,9 +48,11 @@ def _project():
             return m.group(1) if m else ""
 
         scripts = dict(re.findall(r'^([\w-]+)\s*=\s*"([\w.]+:\w+)"', text.split("[project.scripts]", 1)[-1], re.M))
+        deps = re.search(r'^dependencies\s*=\s*\[([^\]]*)\]', text, re.M)
         return {"name": field("name"), "version": field("version"),
                 "description": field("description"), "requires_python": field("requires-python"),
-                "scripts": scripts, "extras": {}}
+                "scripts": scripts, "extras": {},
+                "dependencies": re.findall(r'"([^"]+)"', deps.group(1)) if deps else []}
 
 
 def _dist_name(p) -> str:
@@ -64,6 +68,8 @@ def _metadata(p) -> str:
     ]
     if p["requires_python"]:
         lines.append(f"Requires-Python: {p['requires_python']}")
+    for r in p["dependencies"]:
+        lines.append(f"Requires-Dist: {r}")
     for extra, reqs in sorted(p["extras"].items()):
         lines.append(f"Provides-Extra: {extra}")
         for r in reqs:

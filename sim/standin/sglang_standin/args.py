@@ -10,16 +10,23 @@ rejected with argparse's `error: unrecognized arguments: ...` and exit status 2 
 SGLang prints for a flag it does not know). Abbreviations are NOT accepted (stricter than SGLang)
 so that a typo in a rendered command line fails here instead of on a GPU node.
 
+`--config FILE.yaml` works with both, merged as SGLang's `prepare_server_args` merges it: the
+file's options first, then the command line, so the command line wins.
+
 Either way the stand-in's own checks follow (ranks, --dist-init-addr, tp divisible by nnodes),
-which SGLang makes later, on the GPUs.
+which SGLang makes later, on the GPUs. No message of the stand-in's carries the value of
+--api-key or --admin-api-key (auth.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from .auth import safe_error, scrub, secret_values
 from .log import log
 
 try:
@@ -32,8 +39,17 @@ DISAGGREGATION_MODES = ["null", "prefill", "decode"]
 TRANSFER_BACKENDS = ["mooncake", "nixl", "ascend", "fake"]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+class _FallbackParser(argparse.ArgumentParser):
+    """Refuses as argparse does, with the values of secret flags blanked out of the message."""
+
+    secrets: List[str] = []
+
+    def error(self, message: str):  # type: ignore[override]
+        super().error(scrub(message, self.secrets))
+
+
+def build_parser() -> _FallbackParser:
+    p = _FallbackParser(
         prog="python3 -m sglang.launch_server",
         description="SGLang stand-in server (no GPU; speaks the SGLang HTTP API)",
         allow_abbrev=False,
@@ -52,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--enable-metrics", action="store_true")
     p.add_argument("--log-level", type=str, default="info")
     p.add_argument("--watchdog-timeout", type=float, default=300.0)
+    p.add_argument("--api-key", type=str, default=None)
+    p.add_argument("--admin-api-key", type=str, default=None)
+    p.add_argument("--config", type=str, default=None, help="a YAML file of options")
     # Parallelism and multi-node
     p.add_argument("--tp-size", "--tp", dest="tp_size", type=int, default=1)
     p.add_argument("--ep-size", "--ep", dest="ep_size", type=int, default=1)
@@ -80,6 +99,63 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--disable-cuda-graph", action="store_true")
     p.add_argument("--cuda-graph-bs", type=int, nargs="+", default=None)
     return p
+
+
+def merge_config(parser: argparse.ArgumentParser, argv: List[str]) -> List[str]:
+    """ARGV with its `--config FILE` replaced by the file's options, put first: what SGLang
+    0.5.19's ConfigArgumentMerger (sglang/srt/utils/server_args_config_parser.py) makes of it.
+
+    Each YAML key is written as `--KEY` as it is spelled (so `api_key:` gives `--api_key`, which
+    the parser then refuses as SGLang's does); true/false is the flag or nothing for a
+    store_true option, a list its items, a mapping JSON. Raises ValueError as SGLang does.
+    """
+    if "--config" not in argv:
+        return argv
+    at = [i for i, arg in enumerate(argv) if arg == "--config"]
+    if len(at) > 1:
+        raise ValueError("Multiple config files specified! Only one allowed.")
+    i = at[0]
+    if i == len(argv) - 1:
+        raise ValueError("No config file specified after --config flag!")
+    path = Path(argv[i + 1])
+    if path.suffix.lower() not in (".yaml", ".yml"):
+        raise ValueError(f"Config file must be YAML format, got: {path.suffix}")
+    if not path.exists():
+        raise ValueError(f"Config file not found: {argv[i + 1]}")
+    import yaml  # only for --config: a start without one does not pay for the import
+
+    with open(path) as f:
+        config = yaml.safe_load(f)
+    if config is None:
+        config = {}
+    if not isinstance(config, dict):
+        raise ValueError("Config file must contain a dictionary at root level")
+    # argparse has no public view of its actions.
+    actions = [a for a in parser._actions if a.option_strings]  # noqa: SLF001
+    store_true_type, store_type = argparse._StoreTrueAction, argparse._StoreAction  # noqa: SLF001
+    store_true = {a.dest for a in actions if isinstance(a, store_true_type)}
+    unsupported = {a.dest: a for a in actions
+                   if not isinstance(a, (store_true_type, store_type))
+                   and not {"--config", "--help", "-h"} & set(a.option_strings)}
+    merged: List[str] = []
+    for key, value in config.items():
+        dest = key.replace("-", "_")
+        if dest in unsupported:
+            raise ValueError(f"Unsupported config option '{dest}' with action "
+                             f"'{type(unsupported[dest]).__name__}'")
+        if isinstance(value, bool):
+            if dest not in store_true:
+                merged += [f"--{key}", str(value).lower()]
+            elif value:
+                merged.append(f"--{key}")
+        elif isinstance(value, list):
+            if value:
+                merged += [f"--{key}"] + [str(item) for item in value]
+        elif isinstance(value, dict):
+            merged += [f"--{key}", json.dumps(value)]
+        else:
+            merged += [f"--{key}", str(value)]
+    return merged + argv[:i] + argv[i + 2:]
 
 
 def split_host_port(addr: str) -> Tuple[str, int]:
@@ -116,10 +192,11 @@ def _parse_real(parser: argparse.ArgumentParser, argv: List[str]) -> Optional[ar
         )
         return None
     if not real.ok:
-        # What SGLang itself prints before it exits 2 on a flag it refuses.
+        # What SGLang itself prints before it exits: 2 for a flag it refuses, 1 for a config file
+        # it cannot merge.
         sys.stderr.write(real.error.rstrip("\n") + "\n")
         sys.stderr.flush()
-        sys.exit(2)
+        sys.exit(real.exit_code)
     log(f"stand-in: flags parsed by the real SGLang {real.version} parser")
     # Every attribute the stand-in reads exists even where SGLang names or defaults it otherwise.
     args = argparse.Namespace(**_defaults(parser))
@@ -135,6 +212,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         parser.parse_args(argv)  # prints it and exits 0
     args = _parse_real(parser, argv)
     if args is None:
+        try:
+            argv = merge_config(parser, argv)
+        except Exception as e:  # SGLang ends with this exception's traceback: exit 1
+            sys.stderr.write(safe_error(e, argv) + "\n")
+            sys.stderr.flush()
+            sys.exit(1)
+        parser.secrets = secret_values(argv)
         args = parser.parse_args(argv)  # unknown flag -> "error: unrecognized arguments", exit 2
         fail = parser.error
     else:

@@ -3,19 +3,43 @@
 from __future__ import annotations
 
 import time
+from typing import Any, Dict, Optional, Tuple
 
+from .auth import ADMIN_OPTIONAL_ROUTES, Decision
 from .generation import completions, generate, generate_stream
 from .http_base import Handler, RequestError
+from .metrics import exposition
 
-
-# What prometheus_client's exposition (SGLang's /metrics) answers with: text format 0.0.4.
-PROMETHEUS_CTYPE = "text/plain; version=0.0.4; charset=utf-8"
+# A few of SGLang's admin routes, so that a probe (are they behind the admin key?) meets real
+# routes. Each only answers as SGLang does on success (body, content type); nothing is loaded,
+# paused, aborted, released or profiled. Their methods are SGLang's (auth.ADMIN_OPTIONAL_ROUTES).
+ADMIN_ACKS: Dict[str, Tuple[Any, str]] = {
+    "/update_weights_from_disk": (
+        {"success": True, "message": "Succeeded to update model weights.",
+         "num_paused_requests": 0}, "application/json"),
+    "/pause_generation": (
+        {"message": "Generation paused successfully.", "status": "ok"}, "application/json"),
+    "/continue_generation": (
+        {"message": "Generation continued successfully.", "status": "ok"}, "application/json"),
+    "/abort_request": (None, "application/json"),
+    "/release_memory_occupation": ("null", "application/json"),
+    "/resume_memory_occupation": ("null", "application/json"),
+    "/load_lora_adapter": (
+        {"success": True, "error_message": None, "loaded_adapters": {}}, "application/json"),
+    "/start_profile": ("Start profiling.\n", "text/plain; charset=utf-8"),
+    "/stop_profile": ("Stop profiling. This will take some time.\n", "text/plain; charset=utf-8"),
+}
+_ADMIN_ACK_METHODS = {path: methods for path, methods in ADMIN_OPTIONAL_ROUTES if path in ADMIN_ACKS}
 
 
 class ApiHandler(Handler):
     """Rank 0: SGLang's HTTP API; /health is 503 until the whole group is ready."""
 
     kind = "api"
+
+    def refusal(self, method: str, path: str) -> Optional[Decision]:
+        decision = self.st.api_keys.check(method, path, self.headers.get("Authorization"))
+        return None if decision.allowed else decision
 
     def route(self, method: str, path: str) -> None:
         st = self.st
@@ -43,11 +67,18 @@ class ApiHandler(Handler):
                               "num_tokens": 0}])
             return
         if method == "GET" and path == "/metrics" and st.args.enable_metrics:
-            self._send(200, st.metrics_text(), PROMETHEUS_CTYPE)
+            self._send(200, *exposition(st.api_metrics, self.headers.get("Accept")))
             return
         if method in ("GET", "POST") and path == "/flush_cache":
             self._read_body()
             self._send(200, "Cache flushed.\n", "text/plain")
+            return
+        if path in ADMIN_ACKS:
+            self._read_body()
+            if method not in _ADMIN_ACK_METHODS[path]:
+                self._send(405, {"detail": "Method Not Allowed"})
+                return
+            self._send(200, *ADMIN_ACKS[path])
             return
         if method == "POST" and path in ("/generate", "/v1/completions", "/v1/chat/completions"):
             arrived = time.monotonic()  # time to first token counts from here
@@ -106,6 +137,6 @@ class DummyHealthHandler(Handler):
                 self._send(405, {"detail": "Method Not Allowed"})
             return
         if method == "GET" and path == "/metrics" and self.st.args.enable_metrics:
-            self._send(200, self.st.scheduler_gauges_text(), PROMETHEUS_CTYPE)
+            self._send(200, *exposition(self.st.dummy_health_metrics, self.headers.get("Accept")))
             return
         self._send(404, {"detail": "Not Found"})

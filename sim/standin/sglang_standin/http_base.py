@@ -6,12 +6,14 @@ import json
 import socket
 import threading
 import traceback
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any, Dict, Iterable, Type
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Optional, Type
 
 from .log import log
 
 if TYPE_CHECKING:
+    from .auth import Decision
     from .state import Standin
 
 
@@ -53,6 +55,10 @@ class Handler(BaseHTTPRequestHandler):
 
     def route(self, method: str, path: str) -> None:
         raise NotImplementedError
+
+    def refusal(self, method: str, path: str) -> Optional["Decision"]:
+        """What this server refuses before routing; by default nothing (no API keys)."""
+        return None
 
     # The stand-in logs each request itself, with its status, through log().
     def log_message(self, fmt, *a):  # noqa: N802
@@ -141,6 +147,13 @@ class Handler(BaseHTTPRequestHandler):
         if len(path) > 1:
             path = path.rstrip("/")
         try:
+            # The real method (HEAD is not GET here) and the decoded path, as SGLang's middleware
+            # sees them, before any routing.
+            refused = self.refusal(self.command, urllib.parse.unquote(self.path.split("?", 1)[0]))
+            if refused is not None:
+                self._read_body()
+                self._send(refused.status, refused.body())
+                return
             self.route(method, path)
         except RequestError as e:
             self._send_error(e)
@@ -167,6 +180,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_DELETE(self):  # noqa: N802
         self._dispatch("DELETE")
+
+    def do_OPTIONS(self):  # noqa: N802
+        self._dispatch("OPTIONS")
 
 
 def serve(st: "Standin", host: str, port: int, handler: Type[Handler]) -> ThreadingHTTPServer:

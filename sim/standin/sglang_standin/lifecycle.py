@@ -12,6 +12,7 @@ from typing import List, Optional, Type
 
 from . import __version__
 from .args import parse_args
+from .auth import redacted
 from .bootstrap import BootstrapHandler, register_with_bootstrap
 from .group import GroupLeader, GroupMember
 from .http_api import DUMMY_HEALTH_PATHS, ApiHandler, DummyHealthHandler
@@ -81,6 +82,9 @@ def _start_bootstrap_server(st: Standin) -> None:
 
 def _run_rank0(st: Standin) -> None:
     a = st.args
+    if st.api_keys.api_key and int(getattr(a, "tokenizer_worker_num", 1) or 1) > 1:
+        # SGLang 0.5.19's tokenizer workers assert this when they start (http_server.py).
+        die("AssertionError: API key is not supported in multi-tokenizer mode", 1)
     log(f"Starting HTTP server on {a.host}:{a.port} (health is 503 until ready)")
     _serve_or_die(st, a.host, a.port, ApiHandler)
     if st.mode == "prefill" and st.bootstrap_delay_seconds > 0:
@@ -140,7 +144,8 @@ def run(args) -> int:
     st = Standin(args)
     _install_signal_handlers(st)
     log(f"sglang stand-in {__version__} (python {sys.version.split()[0]}); server_args="
-        + json.dumps({k: v for k, v in vars(args).items()}, default=str))
+        + json.dumps(redacted(vars(args)), default=str))
+    log(f"API keys: {st.api_keys.describe()}")
     if st.kv_fail_reason:
         log(f"WARNING: KV transfer will fail: {st.kv_fail_reason}", err=True)
     if st.rank == 0 and (st.prefill_tokens_per_s or st.decode_tokens_per_s):

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import threading
 import time
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import __version__
+from .auth import ApiKeys, redacted
 from .bootstrap import KVStore
 from .log import log
+from .metrics import api_registry, dummy_health_registry
 
 
 def _env_float(name: str, default: float) -> float:
@@ -30,42 +31,6 @@ def _env_float(name: str, default: float) -> float:
 TTFT_BUCKETS: Tuple[float, ...] = (
     0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400,
 )
-
-
-def _go_float(v: float) -> str:
-    """A sample value or `le` as prometheus_client writes it (its floatToGoString)."""
-    d = float(v)
-    if d == math.inf:
-        return "+Inf"
-    if d == -math.inf:
-        return "-Inf"
-    if math.isnan(d):
-        return "NaN"
-    s = repr(d)
-    dot = s.find(".")
-    if d > 0 and dot > 6:  # Go switches to exponents sooner than Python
-        mantissa = f"{s[0]}.{s[1:dot]}{s[dot + 1:]}".rstrip("0.")
-        return f"{mantissa}e+0{dot - 1}"
-    return s
-
-
-def _label_str(labels: Dict[str, Any], le: Optional[str] = None) -> str:
-    """`{a="1",b="2"}`: sorted, as SGLang's multiprocess registry writes them, `le` last."""
-    def esc(v: Any) -> str:
-        return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-    parts = [f'{k}="{esc(v)}"' for k, v in sorted(labels.items())]
-    if le is not None:
-        parts.append(f'le="{le}"')
-    return "{" + ",".join(parts) + "}"
-
-
-def _family(name: str, mtype: str, doc: str, samples: Iterable[Tuple[str, str, str]]) -> str:
-    """`# HELP`, `# TYPE` and the samples (suffix, label string, value) of one metric."""
-    doc = doc.replace("\\", "\\\\").replace("\n", "\\n")
-    lines = [f"# HELP {name} {doc}", f"# TYPE {name} {mtype}"]
-    lines += [f"{name}{suffix}{lbl} {value}" for suffix, lbl, value in samples]
-    return "\n".join(lines) + "\n"
 
 
 def _env_ranks(name: str) -> List[int]:
@@ -122,6 +87,12 @@ class Standin:
                 "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True with Mooncake)"
             )
 
+        # Checked on rank 0's API server only (the bootstrap and dummy health servers have none).
+        self.api_keys = ApiKeys(
+            getattr(args, "api_key", None), getattr(args, "admin_api_key", None),
+            tokenizer_workers=int(getattr(args, "tokenizer_worker_num", 1) or 1),
+            dumper_route=os.environ.get("DUMPER_SERVER_PORT") == "reuse")
+
         self.lock = threading.Lock()
         self.loaded = threading.Event()
         # Set once the ready banner is printed: /health turns 200 only after it, as in SGLang,
@@ -143,6 +114,9 @@ class Standin:
             sorted(float(b) for b in (getattr(args, "bucket_time_to_first_token", None)
                                       or TTFT_BUCKETS)))
         self.ttft: Dict[str, List[Any]] = {}
+        # One registry per HTTP server (metrics.py): rank 0's API, ranks >= 1's dummy health.
+        self.api_metrics = api_registry(self)
+        self.dummy_health_metrics = dummy_health_registry(self)
         self.shutdown = threading.Event()
 
     # ---------------- readiness (rank 0)
@@ -176,7 +150,8 @@ class Standin:
     # ---------------- what the info endpoints report
 
     def server_info(self) -> Dict[str, Any]:
-        info = {k: v for k, v in vars(self.args).items()}
+        # SGLang 0.5.19 reports the keys themselves here; the stand-in only that they are set.
+        info = redacted(vars(self.args))
         info.update(
             {
                 "version": "standin",
@@ -253,7 +228,7 @@ class Standin:
             c["generation"] += generation_tokens or 0
             c["requests"] += 1
 
-    def _common_labels(self) -> Dict[str, Any]:
+    def common_labels(self) -> Dict[str, Any]:
         engine_type = {"prefill": "prefill", "decode": "decode"}.get(self.mode, "unified")
         labels: Dict[str, Any] = {"model_name": self.args.served_model_name,
                                   "engine_type": engine_type}
@@ -261,7 +236,7 @@ class Standin:
             labels["priority"] = ""
         return labels
 
-    def _extra_labels(self) -> Dict[str, Any]:
+    def extra_labels(self) -> Dict[str, Any]:
         extra = getattr(self.args, "extra_metric_labels", None)
         return dict(extra) if isinstance(extra, dict) else {}
 
@@ -273,69 +248,9 @@ class Standin:
         ep = max(1, int(getattr(a, "ep_size", 1) or 1))
         dp = max(1, int(getattr(a, "dp_size", 1) or 1))
         tp_rank = self.rank * (tp // max(1, self.nnodes))
-        labels = self._common_labels()
+        labels = self.common_labels()
         labels.update(tp_rank=tp_rank, pp_rank=0, moe_ep_rank=tp_rank // max(1, tp // ep))
         if dp > 1:
             labels["dp_rank"] = tp_rank // max(1, tp // dp)
-        labels.update(self._extra_labels())
+        labels.update(self.extra_labels())
         return labels
-
-    def scheduler_gauges_text(self, running: int = 0, queued: int = 0) -> str:
-        lbl = _label_str(self.scheduler_labels())
-        return (
-            _family("sglang:num_running_reqs", "gauge", "The number of running requests.",
-                    [("", lbl, _go_float(running))])
-            + _family("sglang:num_queue_reqs", "gauge",
-                      "The number of requests in the waiting queue.",
-                      [("", lbl, _go_float(queued))])
-        )
-
-    def metrics_text(self) -> str:
-        """Rank 0's /metrics (Prometheus text format 0.0.4).
-
-        SGLang's own series: the scheduler's gauges, and the tokenizer manager's counters and
-        time-to-first-token histogram, labelled by is_streaming; like prometheus_client, a
-        labelled counter or histogram has no series until its first observation. Then the
-        stand-in's own sglang:standin_requests_total (HTTP generation requests) and
-        sglang:standin_ready."""
-        ready = 1 if self.not_ready_reason() is None else 0  # takes the lock itself
-        with self.lock:
-            running = self.num_running_reqs
-            served = {k: dict(v) for k, v in self.served.items()}
-            ttft = {k: (list(h[0]), h[1], h[2]) for k, h in self.ttft.items()}
-            num_requests = self.num_requests
-        tok = dict(self._common_labels(), **self._extra_labels())
-
-        def per_stream(key: str):
-            return [("", _label_str(dict(tok, is_streaming=s)), _go_float(served[s][key]))
-                    for s in sorted(served)]
-
-        hist = []
-        for s in sorted(ttft):
-            counts, total, count = ttft[s]
-            lbl = dict(tok, is_streaming=s)
-            acc = 0
-            for b, n in zip(list(self.ttft_buckets) + [math.inf], counts):
-                acc += n
-                hist.append(("_bucket", _label_str(lbl, le=_go_float(b)), _go_float(acc)))
-            hist.append(("_count", _label_str(lbl), _go_float(count)))
-            hist.append(("_sum", _label_str(lbl), _go_float(total)))
-
-        name = _label_str({"model_name": self.args.served_model_name})
-        return (
-            self.scheduler_gauges_text(running=running, queued=0)
-            + _family("sglang:prompt_tokens_total", "counter",
-                      "Number of prefill tokens processed.", per_stream("prompt"))
-            + _family("sglang:generation_tokens_total", "counter",
-                      "Number of generation tokens processed.", per_stream("generation"))
-            + _family("sglang:num_requests_total", "counter", "Number of requests processed.",
-                      per_stream("requests"))
-            + _family("sglang:time_to_first_token_seconds", "histogram",
-                      "Histogram of time to first token in seconds.", hist)
-            + _family("sglang:standin_requests_total", "counter",
-                      "Generation requests the stand-in accepted (HTTP requests).",
-                      [("", name, str(num_requests))])
-            + _family("sglang:standin_ready", "gauge",
-                      "1 when rank 0 reports healthy (/health 200), else 0.",
-                      [("", name, str(ready))])
-        )

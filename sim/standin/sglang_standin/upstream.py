@@ -14,7 +14,7 @@ Two users:
 This file also runs as a script, by path, in an interpreter whose `sys.path` holds the real
 `sglang` package (the stand-in's own `sglang` shim must not shadow it, hence "by path"):
   python3 upstream.py options [--router]          the parser's option table, as JSON
-  python3 upstream.py parse [--router] -- ARG...  one argv -> {"ok", "values", "error", "version"}
+  python3 upstream.py parse [--router] -- ARG...  one argv -> {"ok", "exit", "values", "error", ...}
   python3 upstream.py parse-many                  stdin: [{"kind": "server"|"router", "argv": [...]}]
 Stdlib only.
 """
@@ -33,6 +33,11 @@ import sys
 import types
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
+
+try:
+    from .auth import safe_error, scrub, secret_values
+except ImportError:  # run as a script, by path: auth.py (stdlib only) is beside it on sys.path[0]
+    from auth import safe_error, scrub, secret_values  # type: ignore[no-redef]
 
 # Modules SGLang imports at module level but never uses while parsing flags. Real ones win when
 # installed (the stub finder is the last on sys.meta_path).
@@ -259,8 +264,22 @@ def option_table(parser: argparse.ArgumentParser) -> List[Dict[str, Any]]:
 
 
 def parse(argv: List[str], router: bool = False) -> Dict[str, Any]:
-    """Parse with the real parser; argparse's exit (status 2) becomes {"ok": False, "error"}."""
+    """Parse with the real parser; argparse's exit (status 2) becomes {"ok": False, "error"}.
+
+    A server argv with `--config FILE` is first merged with the file by SGLang's own
+    ConfigArgumentMerger, as `prepare_server_args` does; what it raises (SGLang ends with that
+    traceback, exit 1) becomes {"ok": False, "exit": 1, "error"}. No error carries the value of
+    --api-key or --admin-api-key.
+    """
     parser = router_parser() if router else server_parser()
+    if not router and "--config" in argv:
+        from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
+
+        try:
+            argv = ConfigArgumentMerger(parser).merge_config_with_args(argv)
+        except Exception as error:  # noqa: BLE001 - whatever prepare_server_args lets out
+            return {"ok": False, "exit": 1, "values": {}, "error": safe_error(error, argv),
+                    "versions": versions()}
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
@@ -272,10 +291,10 @@ def parse(argv: List[str], router: bool = False) -> Dict[str, Any]:
                 ServerArgs.from_cli_args(namespace)
     except SystemExit as stop:
         lines = [line for line in captured.getvalue().splitlines() if line.strip()]
-        return {"ok": False, "values": {}, "error": lines[-1] if lines else f"exit {stop.code}",
-                "versions": versions()}
+        error = scrub(lines[-1], secret_values(argv)) if lines else f"exit {stop.code}"
+        return {"ok": False, "exit": 2, "values": {}, "error": error, "versions": versions()}
     values = {key: _jsonable(value) for key, value in vars(namespace).items()}
-    return {"ok": True, "values": values, "error": "", "versions": versions()}
+    return {"ok": True, "exit": 0, "values": values, "error": "", "versions": versions()}
 
 
 # -- the stand-in's entry ------------------------------------------------------------------
@@ -287,6 +306,7 @@ class RealParse:
     values: Dict[str, Any] = field(default_factory=dict)
     error: str = ""
     version: str = ""
+    exit_code: int = 2  # what SGLang would exit with when not ok
 
 
 def parse_with_real_sglang(argv: List[str]) -> Optional[RealParse]:
@@ -307,7 +327,8 @@ def parse_with_real_sglang(argv: List[str]) -> Optional[RealParse]:
         raise RuntimeError(f"the real SGLang parser failed to run:\n{result.stderr[-2000:]}")
     answer = json.loads(result.stdout)
     return RealParse(ok=answer["ok"], values=answer["values"], error=answer["error"],
-                     version=answer["versions"].get("sglang", ""))
+                     version=answer["versions"].get("sglang", ""),
+                     exit_code=answer.get("exit", 2))
 
 
 def main(argv: Optional[List[str]] = None) -> int:

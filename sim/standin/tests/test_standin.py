@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -24,6 +23,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 import pytest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 STANDIN_DIR = Path(__file__).resolve().parents[1]
 if str(STANDIN_DIR) not in sys.path:
@@ -35,7 +36,7 @@ from sglang_standin.lifecycle import READY_BANNER  # noqa: E402
 
 HOST = "127.0.0.1"
 FALLBACK_NOTICE = ("stand-in: real SGLang parser not installed; using the fallback parser "
-                   "(37 flags, no abbreviations)")
+                   "(40 flags, no abbreviations)")
 LOAD_SECONDS = "0.5"
 HAVE_ROUTER = importlib.util.find_spec("sglang_router") is not None
 needs_router = pytest.mark.skipif(
@@ -59,11 +60,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def http(method: str, url: str, body=None, timeout: float = 10.0) -> Tuple[int, str]:
+def http(method: str, url: str, body=None, timeout: float = 10.0, key: Optional[str] = None,
+         headers: Optional[Dict[str, str]] = None) -> Tuple[int, str]:
+    """(status, body text); `key` is sent as `Authorization: Bearer KEY`."""
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method)
+    req = urllib.request.Request(url, data=data, method=method, headers=dict(headers or {}))
     if data is not None:
         req.add_header("Content-Type", "application/json")
+    if key is not None:
+        req.add_header("Authorization", f"Bearer {key}")
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, r.read().decode()
@@ -135,7 +140,7 @@ class Launcher:
         return self.start(name, [sys.executable, "-m", "sglang.launch_server"] + flags, e)
 
     def group(self, name: str, mode: str, nnodes: int = 2, env: Optional[Dict[str, str]] = None,
-              start_ranks: Optional[List[int]] = None):
+              start_ranks: Optional[List[int]] = None, extra_flags: Optional[List[str]] = None):
         """Start an nnodes group; all ranks get the same flags except --node-rank and --host
         (each rank's own address, see rank_host)."""
         port, dist, boot = free_port(), free_port(), free_port()
@@ -152,7 +157,7 @@ class Launcher:
             "--watchdog-timeout", "1000000", "--cuda-graph-bs", "1", "2", "4",
             "--moe-a2a-backend", "deepep", "--enable-dp-attention", "--dp-size", str(8 * nnodes),
             "--disable-radix-cache", "--skip-server-warmup", "--enable-metrics",
-        ]
+        ] + list(extra_flags or [])
         ranks = range(nnodes) if start_ranks is None else start_ranks
         procs = {r: self.server(f"{name}{r}", rank_flags(flags, r), env) for r in ranks}
         g = {"port": port, "dist": dist, "boot": boot, "flags": flags, "procs": procs,
@@ -264,6 +269,7 @@ class FakeRealParse:
     values: Dict[str, object] = field(default_factory=dict)
     error: str = ""
     version: str = "0.5.19"
+    exit_code: int = 2
 
 
 def real_values(**overrides) -> Dict[str, object]:
@@ -385,6 +391,155 @@ def test_single_node_api_and_sigterm(launcher):
     p.popen.send_signal(signal.SIGTERM)
     assert p.popen.wait(timeout=5) == 0
     assert time.monotonic() - t0 < 3
+
+
+# ------------------------------------------------------------------------------------------------
+# API keys: SGLang 0.5.19's rules (sglang_standin/auth.py; test_auth.py holds them to SGLang's own)
+
+API_KEY, ADMIN_KEY = "sk-standin-api-7f3c", "sk-standin-admin-91d2"
+UNAUTHORIZED = '{"error":"Unauthorized"}'  # SGLang's middleware answers with this, as 401
+PROMPT = {"text": "hi", "sampling_params": {"max_new_tokens": 2}}
+# The admin routes the stand-in acknowledges; each takes POST.
+ADMIN_ROUTES = ["/flush_cache", "/update_weights_from_disk", "/pause_generation",
+                "/continue_generation", "/abort_request", "/release_memory_occupation",
+                "/resume_memory_occupation", "/load_lora_adapter", "/start_profile",
+                "/stop_profile"]
+
+
+def keyed_server(launcher, name: str, flags: List[str],
+                 env: Optional[Dict[str, str]] = None) -> Tuple[Proc, str]:
+    port = free_port()
+    p = launcher.server(name, ["--model-path", str(launcher.model_dir), "--host", HOST,
+                               "--port", str(port)] + flags, env)
+    url = f"http://{HOST}:{port}"
+    try:
+        wait_for(lambda: health(url) == 200, 20, f"{name} healthy")  # /health takes no key
+    except AssertionError:
+        raise AssertionError(f"{name} did not become healthy:\n{p.output()[-3000:]}")
+    return p, url
+
+
+def test_api_key_guards_rank0s_api(launcher):
+    p, url = keyed_server(launcher, "keyed", ["--enable-metrics", "--api-key", API_KEY])
+    assert http("GET", url + "/health_generate")[0] == 200
+    code, text = http("GET", url + "/metrics")
+    assert code == 200 and "sglang:num_running_reqs" in text
+    assert http("POST", url + "/generate", PROMPT) == (401, UNAUTHORIZED)
+    assert http("POST", url + "/generate", PROMPT, key="sk-wrong")[0] == 401
+    assert http("POST", url + "/generate", PROMPT,
+                headers={"Authorization": f"Basic {API_KEY}"})[0] == 401
+    code, text = http("POST", url + "/generate", PROMPT, key=API_KEY)
+    assert code == 200 and json.loads(text)["text"] == generate_words("hi", 2)
+    # an admin route, without --admin-api-key: the API key opens it (the scheme in any case)
+    assert http("GET", url + "/flush_cache") == (401, UNAUTHORIZED)
+    assert http("GET", url + "/flush_cache",
+                headers={"Authorization": f"bearer {API_KEY}"})[0] == 200
+    code, text = http("POST", url + "/pause_generation", {}, key=API_KEY)
+    assert code == 200 and json.loads(text)["status"] == "ok"
+    # the check comes before routing: an unknown path is 401 without the key, 404 with it
+    assert http("GET", url + "/nope") == (401, UNAUTHORIZED)
+    assert http("GET", url + "/nope", key=API_KEY)[0] == 404
+    info = json.loads(http("GET", url + "/server_info", key=API_KEY)[1])
+    assert (info["api_key"], info["admin_api_key"]) == ("<redacted>", None)
+    out = p.output()
+    assert "API keys: --api-key set, --admin-api-key not set" in out
+    assert API_KEY not in out
+
+
+def test_admin_key_alone_opens_the_admin_routes(launcher):
+    p, url = keyed_server(launcher, "admin", ["--api-key", API_KEY, "--admin-api-key", ADMIN_KEY])
+    for path in ADMIN_ROUTES:
+        assert http("POST", url + path, {}) == (401, UNAUTHORIZED), path
+        assert http("POST", url + path, {}, key=API_KEY) == (401, UNAUTHORIZED), path
+        assert http("POST", url + path, {}, key=ADMIN_KEY)[0] == 200, path
+    code, text = http("POST", url + "/update_weights_from_disk", {"model_path": "/x"},
+                      key=ADMIN_KEY)
+    assert json.loads(text)["success"] is True
+    assert http("POST", url + "/generate", PROMPT, key=ADMIN_KEY) == (401, UNAUTHORIZED)
+    assert http("POST", url + "/generate", PROMPT, key=API_KEY)[0] == 200
+    # GET is no method of /update_weights_from_disk: no admin route matches it, so the API key
+    # is what SGLang checks, and the route then answers 405
+    assert http("GET", url + "/update_weights_from_disk", key=ADMIN_KEY)[0] == 401
+    assert http("GET", url + "/update_weights_from_disk", key=API_KEY)[0] == 405
+    out = p.output()
+    assert API_KEY not in out and ADMIN_KEY not in out
+
+
+def real_sglang_site() -> str:
+    """The real SGLang's site-packages, for the stand-in's real-parser path (upstream.py runs it
+    with this interpreter), or a skip where it is not there or built for another Python."""
+    venv = os.environ.get("KIMIPD_REAL_SGLANG_VENV")
+    if not venv or not Path(venv).is_dir():
+        pytest.skip("KIMIPD_REAL_SGLANG_VENV is unset or missing: the real-parser path needs it "
+                    "(export KIMIPD_REAL_SGLANG_VENV=$(scripts/setup-real-sglang))")
+    python = "python{}.{}".format(*sys.version_info[:2])
+    site = Path(venv) / "lib" / python / "site-packages"
+    if not (site / "sglang").is_dir():
+        pytest.skip(f"no real sglang for this Python ({sys.version.split()[0]}) under {venv}")
+    return str(site)
+
+
+@pytest.mark.parametrize("parser", ["fallback", "real"])
+def test_config_file_keeps_the_keys_off_the_command_line(launcher, tmp_path, parser):
+    real = real_sglang_site() if parser == "real" else str(STANDIN_DIR / "no-real-sglang-here")
+    config = tmp_path / "serving.yaml"
+    config.write_text(f"api-key: {API_KEY}\nadmin-api-key: {ADMIN_KEY}\nenable-metrics: true\n")
+    p, url = keyed_server(launcher, f"config-{parser}", ["--config", str(config)],
+                          {"SGLANG_STANDIN_REAL_SGLANG": real})
+    out = p.output()
+    assert ("flags parsed by the real SGLang" in out) == (parser == "real"), out[-2000:]
+    assert http("POST", url + "/generate", PROMPT) == (401, UNAUTHORIZED)
+    assert http("POST", url + "/generate", PROMPT, key=API_KEY)[0] == 200
+    assert http("POST", url + "/flush_cache", key=API_KEY)[0] == 401
+    assert http("POST", url + "/flush_cache", key=ADMIN_KEY)[0] == 200
+    assert http("GET", url + "/metrics")[0] == 200  # enable-metrics: true, from the file
+    cmdline = Path(f"/proc/{p.popen.pid}/cmdline").read_bytes()
+    assert str(config).encode() in cmdline
+    assert API_KEY.encode() not in cmdline and ADMIN_KEY.encode() not in cmdline
+    out = p.output()
+    assert API_KEY not in out and ADMIN_KEY not in out
+
+
+def test_config_file_merges_as_sglangs_and_its_errors_keep_the_key(monkeypatch, tmp_path):
+    fake_real_parser(monkeypatch, None)  # the fallback parser, in this process
+    config = tmp_path / "serving.yml"
+    config.write_text("tp-size: 4\nport: 31000\ncuda-graph-bs: [1, 2]\nenable-metrics: false\n")
+    args = standin_args.parse_args(["--tp", "8", "--model-path", "m", "--config", str(config)])
+    # the file first, then the command line: the command line wins
+    assert (args.tp_size, args.port, args.cuda_graph_bs) == (8, 31000, [1, 2])
+    assert args.enable_metrics is False and args.config is None
+
+    def refused(text: str, suffix: str = ".yaml") -> subprocess.CompletedProcess:
+        path = tmp_path / f"bad{suffix}"
+        path.write_text(text)
+        r = run_cli(["--model-path", "m", "--config", str(path)])
+        assert API_KEY not in r.stdout + r.stderr
+        return r
+
+    r = refused(f"api-key: {API_KEY}\n", ".json")
+    assert r.returncode == 1
+    assert "ValueError: Config file must be YAML format, got: .json" in r.stderr
+    r = refused(f'api-key: "{API_KEY}\n')  # a YAML error quotes the file: not here
+    assert r.returncode == 1 and "ScannerError" in r.stderr, r.stderr
+    # SGLang writes each key as spelled (`--api_key`), and its parser refuses that; so does ours
+    r = refused(f"api_key: {API_KEY}\n")
+    assert r.returncode == 2, r.stderr
+    assert "error: unrecognized arguments: --api_key <redacted>" in r.stderr
+    r = run_cli(["--model-path", "m", "--config", str(tmp_path / "none.yaml")])
+    assert r.returncode == 1 and "Config file not found" in r.stderr
+
+
+def test_bootstrap_and_rank1_health_servers_take_no_key(launcher):
+    g = launcher.group("prefill", "prefill", extra_flags=["--api-key", API_KEY])
+    wait_healthy(g)
+    rank1 = g["rank_urls"][1]
+    wait_for(lambda: health(rank1) == 200, 10, "rank 1 dummy health")
+    assert http("GET", f"http://{HOST}:{g['boot']}/route")[0] == 200
+    assert http("GET", rank1 + "/metrics")[0] == 200
+    assert http("GET", rank1 + "/nope")[0] == 404  # no key check there: not 401
+    assert http("GET", g["url"] + "/nope") == (401, UNAUTHORIZED)
+    for proc in g["procs"].values():
+        assert API_KEY not in proc.output()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -805,127 +960,49 @@ def test_rates_default_to_instant(launcher):
 # writes them in `le`
 TTFT_LE = ["0.1", "0.2", "0.4", "0.6", "0.8", "1.0", "2.0", "4.0", "6.0", "8.0", "10.0", "20.0",
            "40.0", "60.0", "80.0", "100.0", "200.0", "400.0", "+Inf"]
-PROM_TYPES = ("counter", "gauge", "histogram", "summary", "untyped")
-_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
-_SAMPLE_RE = re.compile(rf"^({_NAME})(?:\{{(.*)\}})? (\S+)(?: (-?[0-9]+))?$")
-_LABEL_RE = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)"\s*(,|$)')
-_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 
 
-class Family:
-    def __init__(self, name: str, mtype: str):
-        self.name, self.type, self.help = name, mtype, None
-        # (sample name, frozenset of (label, value)) -> value
-        self.samples: Dict[Tuple[str, frozenset], float] = {}
-
-
-def parse_prometheus(text: str) -> Dict[str, Family]:
-    """A strict reader of the text exposition format 0.0.4: every line must be a `# HELP`, a
-    `# TYPE` (once per family, before its samples) or a sample of the family last typed (a
-    histogram's _bucket with `le`, _sum and _count); a counter's name ends in _total; a
-    histogram's buckets are cumulative and its +Inf bucket equals its _count."""
-    assert text.endswith("\n"), text[-200:]
-    fams: Dict[str, Family] = {}
-    helps: Dict[str, str] = {}
-    current: Optional[Family] = None
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        if line.startswith("#"):
-            parts = line.split(" ", 3)
-            if len(parts) >= 3 and parts[1] == "TYPE":
-                name, mtype = parts[2], parts[3] if len(parts) > 3 else ""
-                assert re.fullmatch(_NAME, name) and mtype in PROM_TYPES, line
-                assert name not in fams, f"second TYPE for {name}"
-                if mtype == "counter":
-                    assert name.endswith("_total"), line
-                current = fams[name] = Family(name, mtype)
-            elif len(parts) >= 3 and parts[1] == "HELP":
-                assert re.fullmatch(_NAME, parts[2]), line
-                assert parts[2] not in helps, f"second HELP for {parts[2]}"
-                helps[parts[2]] = parts[3] if len(parts) > 3 else ""
-            continue
-        m = _SAMPLE_RE.match(line)
-        assert m, f"not a sample line: {line!r}"
-        sname, raw_labels, raw_value = m.group(1), m.group(2) or "", m.group(3)
-        labels: Dict[str, str] = {}
-        pos = 0
-        while pos < len(raw_labels):
-            lm = _LABEL_RE.match(raw_labels, pos)
-            assert lm, f"bad labels in {line!r}"
-            assert lm.group(1) not in labels, f"label twice in {line!r}"
-            labels[lm.group(1)] = re.sub(r'\\[\\"n]', lambda e: _UNESCAPE[e.group(0)],
-                                         lm.group(2))
-            pos = lm.end()
-        value = float(raw_value)  # also +Inf, -Inf, NaN
-        assert current is not None, f"sample before any TYPE: {line!r}"
-        if current.type == "histogram":
-            suffix = sname[len(current.name):] if sname.startswith(current.name) else None
-            assert suffix in ("_bucket", "_sum", "_count"), f"{line!r} in {current.name}"
-            assert ("le" in labels) == (suffix == "_bucket"), line
-        else:
-            assert sname == current.name, f"{line!r} in {current.name}"
-        key = (sname, frozenset(labels.items()))
-        assert key not in current.samples, f"sample twice: {line!r}"
-        current.samples[key] = value
-    for fam in fams.values():
-        fam.help = helps.get(fam.name)
-        if fam.type != "histogram":
-            continue
-        series: Dict[frozenset, List[Tuple[float, float]]] = {}
-        for (sname, lbl), v in fam.samples.items():
-            if sname.endswith("_bucket"):
-                le = dict(lbl)["le"]
-                rest = frozenset((k, x) for k, x in lbl if k != "le")
-                series.setdefault(rest, []).append((float(le), v))
-        for rest, buckets in series.items():
-            counts = [v for _, v in sorted(buckets)]
-            assert counts == sorted(counts), f"{fam.name} buckets not cumulative"
-            assert max(le for le, _ in buckets) == float("inf"), f"{fam.name}: no +Inf bucket"
-            assert counts[-1] == fam.samples[(fam.name + "_count", rest)], fam.name
-            assert (fam.name + "_sum", rest) in fam.samples, fam.name
-    return fams
-
-
-def scrape(url: str) -> Dict[str, Family]:
+def scrape(url: str) -> Dict[str, Metric]:
+    """The families of /metrics by name (a counter's without `_total`), as prometheus_client
+    reads them; a histogram's buckets must be cumulative up to +Inf, which equals its _count."""
     with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
         assert r.status == 200
         ctype = r.headers.get("Content-Type", "")
         assert ctype.startswith("text/plain; version=0.0.4"), ctype
-        return parse_prometheus(r.read().decode("utf-8"))
+        text = r.read().decode("utf-8")
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    for fam in fams.values():
+        if fam.type != "histogram":
+            continue
+        series: Dict[frozenset, List[Tuple[float, float]]] = {}
+        for s in fam.samples:
+            if s.name.endswith("_bucket"):
+                rest = frozenset((k, v) for k, v in s.labels.items() if k != "le")
+                series.setdefault(rest, []).append((float(s.labels["le"]), s.value))
+        for rest, buckets in series.items():
+            counts = [v for _, v in sorted(buckets)]
+            assert counts == sorted(counts), f"{fam.name} buckets not cumulative"
+            assert max(le for le, _ in buckets) == float("inf"), f"{fam.name}: no +Inf bucket"
+            assert [counts[-1]] == [s.value for s in fam.samples if s.name == fam.name + "_count"
+                                    and frozenset(s.labels.items()) == rest], fam.name
+    return fams
 
 
-def metric(fams: Dict[str, Family], sample: str, **labels: str) -> float:
+def family(fams: Dict[str, Metric], sample: str) -> Metric:
+    """The family that holds the samples named `sample`."""
+    return next(f for f in fams.values() if any(s.name == sample for s in f.samples)
+                or f.name == sample)
+
+
+def metric(fams: Dict[str, Metric], sample: str, **labels: str) -> float:
     """The sum of the samples named `sample` whose labels include `labels` (0 if none)."""
-    family = next((f for f in fams.values()
-                   if sample == f.name or (f.type == "histogram" and sample.startswith(f.name))),
-                  None)
-    if family is None:
-        return 0.0
     want = set(labels.items())
-    return sum(v for (n, lbl), v in family.samples.items() if n == sample and want <= lbl)
+    return sum(s.value for f in fams.values() for s in f.samples
+               if s.name == sample and want <= set(s.labels.items()))
 
 
-def series_labels(fams: Dict[str, Family], sample: str) -> List[Dict[str, str]]:
-    return [dict(lbl) for fam in fams.values() for (n, lbl) in fam.samples if n == sample]
-
-
-def test_parse_prometheus_refuses_what_prometheus_would():
-    ok = ('# HELP a_total Help \\\\ text.\n# TYPE a_total counter\na_total{x="q\\"uote"} 3.0\n'
-          '# TYPE h histogram\nh_bucket{le="1.0"} 1.0\nh_bucket{le="+Inf"} 2.0\n'
-          'h_count 2.0\nh_sum 1.5\n')
-    fams = parse_prometheus(ok)
-    assert metric(fams, "a_total", x='q"uote') == 3 and metric(fams, "h_count") == 2
-    assert fams["a_total"].help == "Help \\\\ text." and fams["h"].help is None
-    for bad in ("a 1\n",  # no TYPE
-                "# TYPE a counter\na 1\n",  # a counter without _total
-                "# TYPE a gauge\na{x=1} 1\n",  # unquoted label value
-                "# TYPE a gauge\na one\n",
-                "# TYPE a gauge\nb 1\n",  # sample of another family
-                '# TYPE h histogram\nh_bucket{le="1.0"} 2.0\nh_bucket{le="+Inf"} 1.0\n'
-                "h_count 1.0\nh_sum 1.0\n"):
-        with pytest.raises((AssertionError, ValueError)):
-            parse_prometheus(bad)
+def series_labels(fams: Dict[str, Metric], sample: str) -> List[Dict[str, str]]:
+    return [dict(s.labels) for f in fams.values() for s in f.samples if s.name == sample]
 
 
 def test_metrics_only_with_enable_metrics(launcher):
@@ -950,7 +1027,7 @@ def test_metrics_count_tokens_requests_and_ttft(launcher):
     sched = {"model_name": model, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0",
              "moe_ep_rank": "0", "dp_rank": "0"}  # the group runs --dp-size 8
     for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs"):
-        assert before[name].type == "gauge" and before[name].help
+        assert before[name].type == "gauge" and before[name].documentation
         assert series_labels(before, name) == [sched], name
     assert metric(before, "sglang:num_running_reqs") == 0
     assert metric(before, "sglang:standin_ready") == 1
@@ -998,15 +1075,15 @@ def test_metrics_count_tokens_requests_and_ttft(launcher):
     assert grew("sglang:num_requests_total", "true") == 1
     for name in ("sglang:prompt_tokens_total", "sglang:generation_tokens_total",
                  "sglang:num_requests_total"):
-        assert after[name].type == "counter"
+        assert family(after, name).type == "counter"
         assert sorted(series_labels(after, name), key=lambda labels: labels["is_streaming"]) == [
             dict(tok, is_streaming="false"), dict(tok, is_streaming="true")], name
     ttft = after["sglang:time_to_first_token_seconds"]
     assert ttft.type == "histogram"
     for stream, n in (("false", n_seqs), ("true", 1)):
         assert grew("sglang:time_to_first_token_seconds_count", stream) == n
-        les = [dict(lbl)["le"] for (s, lbl) in ttft.samples
-               if s.endswith("_bucket") and dict(lbl).get("is_streaming") == stream]
+        les = [s.labels["le"] for s in ttft.samples
+               if s.name.endswith("_bucket") and s.labels.get("is_streaming") == stream]
         assert les == TTFT_LE
         # every first token came >= 0.3 s after its request (600 prompt tokens at 2000/s); the
         # batch's second sequence waited for the first one too: >= 0.6 s. The streamed one's
