@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from sim.automation import REPO
+from sim.cache import cache_dir
 
 from .report import render, table_rows
 
@@ -27,8 +28,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=3,
                         help="runs per measurement, for min/median/max (default 3)")
     parser.add_argument("--out", type=Path,
-                        default=Path.home() / ".cache" / "kimipd" / "bench" / "latest.json",
-                        help="where the JSON goes (default ~/.cache/kimipd/bench/latest.json)")
+                        default=Path(cache_dir()).expanduser() / "bench" / "latest.json",
+                        help="where the JSON goes (default $KIMIPD_CACHE/bench/latest.json, "
+                             "KIMIPD_CACHE defaulting to ~/.cache/kimipd)")
     parser.add_argument("--only", default=",".join(ALL),
                         help=f"comma-separated subset of {','.join(ALL)} (default: all)")
     parser.add_argument("--load-seconds", type=float, default=20.0,

@@ -27,6 +27,7 @@ from pulumi import automation as auto
 
 from components.config import read_stack_file
 from sim.automation import REPO
+from sim.cache import follow_cache
 
 from .sim_bench import SimBench, log
 
@@ -136,7 +137,7 @@ def measure(work: Path, rate: float) -> dict[str, Any]:
     bench = SimBench(work, load_seconds=3, parallel=None, gate_interval=None)
     results: dict[str, Any] = {}
     for kind in KINDS:
-        values = copy.deepcopy(read_stack_file(REPO / "Pulumi.sim-2p2d.yaml"))
+        values = follow_cache(read_stack_file(REPO / "Pulumi.sim-2p2d.yaml"))
         values["image"] = bench.sim["KIMIPD_SIM_IMAGE"]
         values["router"]["kind"] = kind
         if kind == "mini-lb":

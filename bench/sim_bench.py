@@ -7,7 +7,6 @@ nodes is removed before and after. The sim itself is never started or stopped he
 
 from __future__ import annotations
 
-import copy
 import subprocess
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from sim.automation import (
     installed_plugins,
     sim_exports,
 )
+from sim.cache import follow_cache
 
 from .phases import NODE_PREPARATION, Recorder, change_counts
 
@@ -96,8 +96,9 @@ class SimBench:
     # -- stacks ------------------------------------------------------------------------------
 
     def values(self, order: str = "sequential") -> dict[str, Any]:
-        """Pulumi.sim.yaml with the sim's image, ORDER, and the load delays the bound uses."""
-        values = copy.deepcopy(read_stack_file(REPO / "Pulumi.sim.yaml"))
+        """Pulumi.sim.yaml with the sim's image, ORDER, and the load delays the bound uses; its
+        key, known_hosts and node files under the sim's KIMIPD_CACHE."""
+        values = follow_cache(read_stack_file(REPO / "Pulumi.sim.yaml"))
         values["image"] = self.sim["KIMIPD_SIM_IMAGE"]
         values["startOrder"] = order
         for group in values["groups"].values():

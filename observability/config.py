@@ -141,6 +141,6 @@ def load_observability_config(raw: Mapping[str, Any]) -> ObservabilityConfig:
     try:
         return ObservabilityConfig.model_validate(dict(raw))
     except ValidationError as error:
-        lines = validation_problems(error, ObservabilityConfig)
+        lines = validation_problems(error, ObservabilityConfig, CONFIG_NAMESPACE)
         raise ConfigError(f"invalid {CONFIG_NAMESPACE} stack configuration:\n  "
                           + "\n  ".join(lines)) from None

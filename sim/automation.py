@@ -150,7 +150,7 @@ def sim_stack_env(state: Path | None = None) -> dict[str, str]:
     """Runs scripts/setup-stack-sim, the documented set-up of stack `sim` for the CLI in the
     repository root, and returns the environment its exports give: the CLI on PATH, PULUMI_HOME,
     the sim's backend and passphrase, and PULUMI_BIN. STATE: the backend's directory (default the
-    documented one, ~/.cache/kimipd/state)."""
+    documented one, $KIMIPD_CACHE/state, ~/.cache/kimipd/state by default)."""
     env = dict(os.environ) | ({"KIMIPD_SIM_STATE": str(state)} if state else {})
     exports = subprocess.run([str(REPO / "scripts" / "setup-stack-sim")], stdout=subprocess.PIPE,
                              text=True, env=env, check=True, timeout=3000).stdout

@@ -2,9 +2,10 @@
 
 The stack is the repository's own, exactly as the CLI in the repository root sees it:
 scripts/setup-stack-sim sets it up (Pulumi.sim.yaml plus the image pin and the SSH key it writes
-there with `pulumi config set`, the file backend under ~/.cache/kimipd/state), and the engine runs
-`__main__.py` through the language host. So `pulumi preview --diff -s sim` right after the demo
-is a no-op, and a second run converges the same stack: a no-op unless something changed.
+there with `pulumi config set`, the file backend under $KIMIPD_CACHE/state, the cache defaulting
+to ~/.cache/kimipd), and the engine runs `__main__.py` through the language host. So `pulumi
+preview --diff -s sim` right after the demo is a no-op, and a second run converges the same
+stack: a no-op unless something changed.
 """
 
 from __future__ import annotations

@@ -3,30 +3,32 @@
 from __future__ import annotations
 
 import copy
-import json
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from components.config import read_stack_file
+from sim.cache import follow_cache
 
 REPO = Path(__file__).resolve().parent.parent
 STACK_FILES = sorted(REPO.glob("Pulumi.*.yaml"))
 
 
-# The sim stacks name the sim's key, known_hosts and node files under the default cache.
-DEFAULT_CACHE = "~/.cache/kimipd/"
-
-
 def stack_values(stack: str) -> dict[str, Any]:
-    """A stack file's values; under another KIMIPD_CACHE, the sim's paths are that cache's."""
-    values = read_stack_file(REPO / f"Pulumi.{stack}.yaml")
-    cache = os.environ.get("KIMIPD_CACHE")
-    if not cache:
-        return values
-    return json.loads(json.dumps(values).replace(DEFAULT_CACHE, cache.rstrip("/") + "/"))
+    """A stack file's `kimipd:*` values, the sim's key, known_hosts and node files under the
+    run's KIMIPD_CACHE (sim/cache.py): whichever cache the file names them under (the default,
+    or another that scripts/setup-stack-sim set in Pulumi.sim.yaml)."""
+    return follow_cache(read_stack_file(REPO / f"Pulumi.{stack}.yaml"))
+
+
+def observability_stack_values(stack: str) -> dict[str, Any]:
+    """observability/Pulumi.STACK.yaml's `kimipd-observability:*` values (namespace stripped),
+    the sim's paths under the run's KIMIPD_CACHE, as stack_values."""
+    document = yaml.safe_load((REPO / "observability" / f"Pulumi.{stack}.yaml").read_text())
+    return follow_cache({key.split(":", 1)[1]: value
+                         for key, value in (document.get("config") or {}).items()})
 
 
 @pytest.fixture

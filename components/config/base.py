@@ -3,6 +3,9 @@
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
+# The serving project's config namespace: its keys are `kimipd:KEY` in a stack file.
+CONFIG_NAMESPACE = "kimipd"
+
 
 class ConfigError(ValueError):
     """A stack configuration that must not be deployed; the message says what to change."""

@@ -9,11 +9,10 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from .base import ConfigError
+from .base import CONFIG_NAMESPACE, ConfigError
 from .cluster_config import ClusterConfig
 from .messages import validation_problems
 
-CONFIG_NAMESPACE = "kimipd"
 # Keys read with `Config.get_secret`; they never enter the model (and so never enter a rendering).
 SECRET_KEYS = frozenset({"sshPrivateKey", "routerApiKey"})
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Mapping
 from types import UnionType
 from typing import Any, Union, get_args, get_origin
@@ -11,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from .base import CONFIG_NAMESPACE
 from .cluster_config import ClusterConfig
 from .grammars import did_you_mean
 
@@ -91,8 +93,18 @@ def _example(loc: tuple[Any, ...], field: FieldInfo | None) -> str:
 _YAML_BOOLEAN = "YAML reads an unquoted yes/no/on/off/true/false as a boolean"
 
 
-def type_problem(key: str, item: Mapping[str, Any], root: type[BaseModel] = ClusterConfig) -> str:
-    """One pydantic error as KEY: VALUE-AS-WRITTEN, why, and the fix (ROOT: the stack's model)."""
+def _cli_string(namespace: str, key: str, value: str) -> str:
+    """The `pulumi config set` that stores VALUE at KEY as a string: with `--path` alone the CLI
+    stores an integer, true or false as a number or a boolean (`--type`: pulumi/pulumi#18287,
+    in the CLI since early 2025; the pinned 3.272 has it)."""
+    return (f"pulumi config set --path --type string {shlex.quote(f'{namespace}:{key}')} "
+            f"{shlex.quote(value)}")
+
+
+def type_problem(key: str, item: Mapping[str, Any], root: type[BaseModel] = ClusterConfig,
+                 namespace: str = CONFIG_NAMESPACE) -> str:
+    """One pydantic error as KEY: VALUE-AS-WRITTEN, why, and the fix (ROOT: the stack's model,
+    NAMESPACE: its config namespace, for the CLI form of a fix)."""
     kind, value, ctx = item["type"], item.get("input"), item.get("ctx") or {}
     loc = tuple(item["loc"])
     shown = shown_value(value)
@@ -116,10 +128,12 @@ def type_problem(key: str, item: Mapping[str, Any], root: type[BaseModel] = Clus
         return f"{key}: {shown} is not true or false; write true or false, without quotes."
     if kind == "string_type":
         if isinstance(value, bool):
+            word = json.dumps(value)
             return (f"{key}: {shown} is a boolean, not a string ({_YAML_BOOLEAN}): put the word "
-                    "in quotes, e.g. \"no\".")
+                    f"in quotes, e.g. \"no\"; from the CLI: {_cli_string(namespace, key, word)}.")
         if isinstance(value, (int, float)):
-            return f"{key}: {shown} is a number, not a string: put it in quotes, \"{value}\"."
+            return (f"{key}: {shown} is a number, not a string: put it in quotes, \"{value}\"; "
+                    f"from the CLI: {_cli_string(namespace, key, str(value))}.")
         return f"{key}: {shown} is not a string; write a single (quoted) string."
     if kind == "list_type":
         example = f"[{value}]" if isinstance(value, (str, int, float)) else "[a, b]"
@@ -150,9 +164,10 @@ def type_problem(key: str, item: Mapping[str, Any], root: type[BaseModel] = Clus
             f"for {key}.")
 
 
-def validation_problems(error: ValidationError, root: type[BaseModel] = ClusterConfig) -> list[str]:
-    """Every problem pydantic found in a stack's values (ROOT: its model), one line each, as
-    KEY: what is wrong and the fix."""
+def validation_problems(error: ValidationError, root: type[BaseModel] = ClusterConfig,
+                        namespace: str = CONFIG_NAMESPACE) -> list[str]:
+    """Every problem pydantic found in a stack's values (ROOT: its model, NAMESPACE: its config
+    namespace), one line each, as KEY: what is wrong and the fix."""
     lines = []
     for item in error.errors():
         key = location_key(item["loc"])
@@ -160,5 +175,5 @@ def validation_problems(error: ValidationError, root: type[BaseModel] = ClusterC
             for line in str(item["ctx"]["error"]).splitlines():
                 lines.append(f"{key}: {line}" if key and not line.startswith(key) else line)
         else:
-            lines.append(type_problem(key, item, root))
+            lines.append(type_problem(key, item, root, namespace))
     return lines

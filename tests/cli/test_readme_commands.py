@@ -7,7 +7,9 @@ change); the "Use" commands; what `pulumi preview --diff` shows for a decode-onl
 summary (scripts/review) of real previews of a decode-only edit, an image change and `serving:
 false`, the first through the commands of .github/workflows/preview.yml; refresh; destroy.
 An edit is made in a copy of the repository (as a pull request's checkout would be), never in the
-repository's own stack file. The backend is a directory of this test's own.
+repository's own stack file. The backend is a directory of this test's own. Under another
+KIMIPD_CACHE, setup-stack-sim points the stack file's sim paths (key, known_hosts, node files)
+at that cache, where the sim that is up keeps them.
 
 Needs the Python language host beside the CLI and the two resource plugins; skipped, naming the
 missing file, where they are not installed.
@@ -32,6 +34,7 @@ from review.changes import changes, order
 from review.markdown import render
 from sim.automation import (
     REPO, REQUIRED_PLUGINS, engine_env, installed_plugins, language_host_missing, sim_stack_env)
+from sim.cache import follow_cache
 from tests.integration.engine import NODES, container_ids
 from tests.integration.sim import SimCluster, start_sim, stop_sim
 
@@ -122,6 +125,9 @@ def test_git_sees_the_stack_file_without_the_set_up_values(cli: Cli) -> None:
     cleaned = cli.run("scripts/setup-stack-sim --git-clean < Pulumi.sim.yaml").stdout
     assert "secure:" not in cleaned and "encryptionsalt" not in cleaned
     assert "kimipd:image: 10.231.60.254:5000/kimipd/sim-node:latest\n" in cleaned
+    # Under another KIMIPD_CACHE the set-up points the sim's paths at it; git sees the default's.
+    assert "    knownHostsFile: ~/.cache/kimipd/sim/ssh/known_hosts\n" in cleaned
+    assert cleaned.count("~/.cache/kimipd/sim/") == 5, cleaned
     git = subprocess.run(["git", "rev-parse", "--is-inside-work-tree"], cwd=REPO,
                          capture_output=True, text=True, check=False)
     if git.returncode != 0:
@@ -134,6 +140,12 @@ def test_git_sees_the_stack_file_without_the_set_up_values(cli: Cli) -> None:
 
 
 def test_the_readme_use_commands(cli: Cli) -> None:
+    # The stack dials the sim that is up, with its own key and known_hosts (KIMIPD_CACHE's).
+    connection = yaml.safe_load((REPO / "Pulumi.sim.yaml").read_text())["config"]["kimipd:connection"]
+    assert connection["knownHostsFile"] == follow_cache("~/.cache/kimipd/sim/ssh/known_hosts")
+    assert Path(connection["knownHostsFile"]).expanduser().resolve() == \
+        Path(cli.sim.env["KIMIPD_SIM_KNOWN_HOSTS"]).resolve()
+    assert f"IdentityFile={follow_cache('~/.cache/kimipd/sim/ssh/id_ed25519')}" in connection["dockerSshOpts"]
     cli.run("pulumi stack select sim")
     cli.run('pulumi config set --secret sshPrivateKey -s sim < "$KIMIPD_SIM_KEY"',
             extra={"KIMIPD_SIM_KEY": cli.sim.env["KIMIPD_SIM_KEY"]})

@@ -19,11 +19,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-import yaml
 from pulumi import automation as auto
 
 from sim.automation import ObservabilityProject, Project
-from tests.conftest import REPO
+from tests.conftest import REPO, observability_stack_values
 from tests.integration.engine import (  # noqa: F401 - fixtures
     Events, env, new_stack, project, sim, sim_values)
 from tests.integration.sim import SimCluster
@@ -69,8 +68,9 @@ class Receiver:
 
 
 def observability_values(serving: str, image: str, receiver_url: str) -> dict:
-    document = yaml.safe_load((REPO / "observability" / "Pulumi.sim.yaml").read_text())
-    values = {key.split(":", 1)[1]: value for key, value in document["config"].items()}
+    """observability/Pulumi.sim.yaml's values for this run: its known_hosts and key under the
+    run's KIMIPD_CACHE, like the serving stacks' (stack_values)."""
+    values = observability_stack_values("sim")
     values["servingStack"] = f"organization/kimipd/{serving}"
     values["prometheus"]["image"] = image
     values["alertmanager"]["image"] = image

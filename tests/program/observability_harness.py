@@ -9,11 +9,10 @@ import runpy
 from typing import Any
 
 import pulumi
-import yaml
 from pulumi.runtime.config import set_all_config
 
 from observability.config import CONFIG_NAMESPACE
-from tests.conftest import REPO
+from tests.conftest import REPO, observability_stack_values
 from tests.program.harness import (PRIVATE_KEY, ClusterMocks, RecordingMonitor, Run, _Warnings,
                                    host_key_of)
 
@@ -39,8 +38,7 @@ class ObservabilityMocks(ClusterMocks):
 
 def observability_values(**changes: Any) -> dict[str, Any]:
     """observability/Pulumi.sim.yaml's values, the images set (as its set-up does)."""
-    document = yaml.safe_load((REPO / "observability" / "Pulumi.sim.yaml").read_text())
-    values = {key.split(":", 1)[1]: value for key, value in document["config"].items()}
+    values = observability_stack_values("sim")
     values["prometheus"]["image"] = IMAGE
     values["alertmanager"]["image"] = IMAGE
     values["connection"].pop("knownHostsFile", None)

@@ -181,10 +181,22 @@ BAD = [
         "router.policy", "round-robin", "'round_robin'"),
     Bad("env value a number", put("groups", D, "env", {"NCCL_DEBUG_SUBSYS": 1}),
         "groups.decode.env.NCCL_DEBUG_SUBSYS", 1, 'put it in quotes, "1"'),
+    # `pulumi config set --path kimipd:container.env.X 26` stores the number 26.
+    Bad("env value a number set with config set --path", put("container", "env", {"X": 26}),
+        "container.env.X", 26, 'put it in quotes, "26"; from the CLI: '
+        "pulumi config set --path --type string kimipd:container.env.X 26."),
     Bad("env value a YAML boolean", put("container", "env", {"HF_HUB_OFFLINE": True}),
         "container.env.HF_HUB_OFFLINE", True, "put the word in quotes"),
+    Bad("env value true set with config set --path", put("container", "env", {"HF_HUB_OFFLINE": True}),
+        "container.env.HF_HUB_OFFLINE", True,
+        "pulumi config set --path --type string kimipd:container.env.HF_HUB_OFFLINE true."),
     Bad("extraArgs value unquoted", put("groups", D, "extraArgs", ["--mem-fraction-static", 0.85]),
         "groups.decode.extraArgs[1]", 0.85, 'put it in quotes, "0.85"'),
+    # The key quoted for the shell: [1] is a glob.
+    Bad("extraArgs value a number set with config set --path",
+        put("groups", D, "extraArgs", ["--max-running-requests", 64]),
+        "groups.decode.extraArgs[1]", 64,
+        "pulumi config set --path --type string 'kimipd:groups.decode.extraArgs[1]' 64."),
     Bad("extraArgs one string", put("groups", D, "extraArgs", "--mem-fraction-static 0.85"),
         "groups.decode.extraArgs", "--mem-fraction-static 0.85", "write a YAML list"),
     Bad("nodes a single address", put("groups", D, "nodes", "174.1.60.5"), "groups.decode.nodes",

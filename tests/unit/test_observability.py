@@ -103,6 +103,9 @@ def test_the_sim_stack_file_loads_once_its_images_are_set() -> None:
                               "never read it (did you mean 'rankDownForSeconds'?)"),
     ("prometheus.scrapeIntervalSeconds", "2s",
      "prometheus.scrapeIntervalSeconds: '2s' is not a whole number"),
+    ("alertmanager.receiverUrl", 26,
+     "alertmanager.receiverUrl: 26 is a number, not a string: put it in quotes, \"26\"; from the "
+     "CLI: pulumi config set --path --type string kimipd-observability:alertmanager.receiverUrl 26."),
 ])
 def test_bad_values_are_refused_naming_key_value_and_fix(key: str, value: object,
                                                          expected: str) -> None:
