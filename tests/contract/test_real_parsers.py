@@ -9,10 +9,13 @@ one silently overrides fails here too.
 
 from __future__ import annotations
 
+import atexit
 import copy
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +24,7 @@ import pytest
 from components import versions
 from components.cli_spec import router_table, sglang_table
 from components.config import ClusterConfig, load_cluster_config
-from components.render import router_command, sglang_launch_args
+from components.render import router_command, sglang_launch_args, worker_key_yaml
 from tests.conftest import REPO, STACK_FILES, stack_values
 
 UPSTREAM = REPO / "sim" / "standin" / "sglang_standin" / "upstream.py"
@@ -81,8 +84,23 @@ def edited_stacks() -> dict[str, ClusterConfig]:
 STACKS = edited_stacks()
 
 
+# The servers' key file as the program writes it on a node, here in a file of the tests' own:
+# the real parser reads it (SGLang's --config merge), so its format is held to the contract too.
+CONTRACT_KEY = 'contract-key:#"'
+KEY_FILE = Path(tempfile.mkdtemp(prefix="kimipd-contract-")) / "sglang.yaml"
+KEY_FILE.write_text(worker_key_yaml(CONTRACT_KEY))
+atexit.register(shutil.rmtree, KEY_FILE.parent, True)
+
+
+def server_argv(cfg: ClusterConfig, name: str, rank: int) -> list[str]:
+    argv = sglang_launch_args(cfg, name, rank)[LAUNCHER_WORDS:]
+    if "--config" in argv:
+        argv[argv.index("--config") + 1] = str(KEY_FILE)
+    return argv
+
+
 def rendered_requests(cfg: ClusterConfig) -> list[dict[str, Any]]:
-    requests = [{"kind": "server", "argv": sglang_launch_args(cfg, name, rank)[LAUNCHER_WORDS:],
+    requests = [{"kind": "server", "argv": server_argv(cfg, name, rank),
                  "group": name, "rank": rank}
                 for name, group in cfg.groups.items() for rank in range(len(group.nodes))]
     requests.append({"kind": "router", "argv": router_command(cfg)[LAUNCHER_WORDS:]})
@@ -105,6 +123,9 @@ def expected_server_values(cfg: ClusterConfig, name: str, rank: int) -> dict[str
         "dist_init_addr": f"{group.rank0}:{group.dist_init_port}",
         "host": "0.0.0.0",
         "port": group.http_port,
+        # the router's key with the rust router (from the file), none with MiniLB
+        "api_key": CONTRACT_KEY if cfg.workers_keyed else None,
+        "admin_api_key": None,
     }
 
 
@@ -167,7 +188,7 @@ def test_a_wrong_flag_or_value_fails_the_contract(real_python: Path) -> None:
     for extra in broken.values():
         wrong = cfg.model_copy(update={"groups": {
             **cfg.groups, "decode": decode.model_copy(update={"extra_args": extra})}})
-        requests.append({"kind": "server", "argv": sglang_launch_args(wrong, "decode", 0)[3:]})
+        requests.append({"kind": "server", "argv": server_argv(wrong, "decode", 0)})
     answers = real_parse(real_python, requests)
     assert [a["ok"] for a in answers] == [False, False, False]
     assert "unrecognized arguments: --enable-ep-moe" in answers[0]["error"]
