@@ -24,7 +24,7 @@ from pulumi import automation as auto
 from sim.automation import ObservabilityProject, Project
 from tests.conftest import REPO, observability_stack_values
 from tests.integration.engine import (  # noqa: F401 - fixtures
-    Events, env, new_stack, project, sim, sim_values)
+    Events, env, new_stack, project, sim, sim_values, with_minilb)
 from tests.integration.sim import SimCluster
 
 pytestmark = pytest.mark.timeout(2400)
@@ -108,7 +108,9 @@ def receiver() -> Iterator[Receiver]:
 
 @pytest.fixture(scope="module")
 def serving(project: Project, sim: SimCluster) -> Iterator[auto.Stack]:
-    stack = new_stack(project, sim, SERVING, sim_values(sim, metrics={"enabled": True}))
+    # MiniLB first (no router target), then 2P2D behind the rust router adds its target.
+    stack = new_stack(project, sim, SERVING,
+                      with_minilb(sim_values(sim, metrics={"enabled": True})))
     started = time.monotonic()
     stack.up()
     print(f"\nserving stack {SERVING} (1P1D, MiniLB, metrics on) up in "
