@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         "options": {"runs": args.runs, "load_seconds": args.load_seconds,
                     "parallel": args.parallel, "gate_interval": args.gate_interval,
                     "only": sorted(args.only)},
-        "table": [dict(zip(("bench", "measurement", "min", "median", "max", "note"), row))
+        "table": [dict(zip(("bench", "measurement", "min", "median", "max", "note"), row,
+                           strict=True))
                   for row in rows],
         "results": results,
     }, indent=2, default=str))

@@ -27,7 +27,8 @@ PolicyPack(
             description="NCCL/GLOO socket interfaces never reach the management interface.",
             validate=rules.validate_nccl_off_management,
             config_schema=PolicyConfigSchema(properties={
-                "managementInterface": {"type": "string", "default": rules.DEFAULT_MANAGEMENT_INTERFACE}})),
+                "managementInterface": {"type": "string",
+                                        "default": rules.DEFAULT_MANAGEMENT_INTERFACE}})),
         ResourceValidationPolicy(
             name="kimipd-no-nixl",
             description="No nixl disaggregation transfer backend (fails above ~20 MB here).",
