@@ -23,7 +23,7 @@ def bound(runs: list[dict[str, Any]], order: str) -> dict[str, float]:
         return min(run["phases"][phase]["seconds"] for run in runs)
 
     prefill, decode = fastest("prefill start + gate"), fastest("decode start + gate")
-    parts = {
+    parts: dict[str, float] = {
         "preparation": min(run["preparation_done_at"] for run in runs),
         "mc-master": fastest("mc-master + gate"),
         "P": prefill,
