@@ -24,7 +24,9 @@ ALL = ("B1", "B2", "B3", "B4", "B5", "B6")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="scripts/bench", description=__doc__.split("\n\n")[0])
+    # __doc__ is None under python -OO
+    parser = argparse.ArgumentParser(prog="scripts/bench",
+                                     description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3,
                         help="runs per measurement, for min/median/max (default 3)")
     parser.add_argument("--out", type=Path,
@@ -105,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         "options": {"runs": args.runs, "load_seconds": args.load_seconds,
                     "parallel": args.parallel, "gate_interval": args.gate_interval,
                     "only": sorted(args.only)},
-        "table": [dict(zip(("bench", "measurement", "min", "median", "max", "note"), row))
+        "table": [dict(zip(("bench", "measurement", "min", "median", "max", "note"), row,
+                           strict=True))
                   for row in rows],
         "results": results,
     }, indent=2, default=str))

@@ -114,7 +114,7 @@ def measure(sizes: list[int], runs: int) -> dict[int, list[dict[str, Any]]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--nodes", type=int, required=True)
     args = parser.parse_args()
     if str(REPO) not in sys.path:

@@ -23,7 +23,7 @@ def bound(runs: list[dict[str, Any]], order: str) -> dict[str, float]:
         return min(run["phases"][phase]["seconds"] for run in runs)
 
     prefill, decode = fastest("prefill start + gate"), fastest("decode start + gate")
-    parts = {
+    parts: dict[str, float] = {
         "preparation": min(run["preparation_done_at"] for run in runs),
         "mc-master": fastest("mc-master + gate"),
         "P": prefill,
@@ -136,8 +136,8 @@ def render(rows: list[Row]) -> str:
     widths = [max(len(str(r[i])) for r in [header, *body]) for i in range(5)]
     lines = []
     for row in [header, *body]:
+        numbers = [str(v).rjust(w) for v, w in zip(row[2:5], widths[2:5], strict=True)]
         lines.append("  ".join([str(row[0]).ljust(widths[0]), str(row[1]).ljust(widths[1]),
-                                *[str(v).rjust(w) for v, w in zip(row[2:5], widths[2:5])],
-                                row[5]]).rstrip())
+                                *numbers, row[5]]).rstrip())
     return "\n".join(lines)
 

@@ -144,7 +144,9 @@ class SimBench:
         launch = {}
         for group, node in (("prefill", NODES[0]), ("decode", NODES[4])):
             times = self.timeline(node, f"kimipd-{group}-r0")
-            gate = recorder.wall0 + recorder.step(f"{group}-r0-health").end
+            gate_end = recorder.step(f"{group}-r0-health").end
+            assert gate_end is not None, f"{group}-r0-health began but never finished"
+            gate = recorder.wall0 + gate_end
             launch[group] = {k: v - times["created"] for k, v in times.items() if k != "created"}
             launch[group]["gate done"] = gate - times["created"]
         measured = {
@@ -264,7 +266,9 @@ def run_sim_benchmarks(work: Path, *, runs: int, load_seconds: float, parallel: 
                 if "B1" in only:
                     results["B1"] = b1
                 if "B2" in only:
-                    state = kept.export_stack().deployment["resources"]
+                    deployment = kept.export_stack().deployment
+                    assert deployment is not None, "the exported stack has no deployment"
+                    state = deployment["resources"]
                     results["B2"] = {"resources": len(state),
                                      "seconds": bench.steady_state(kept, runs)}
                 if "B5" in only:

@@ -141,13 +141,15 @@ def assess(broken: Mapping[str, Breakage], memory: Memory, limits: Limits, now: 
     if not broken:
         memory.last_healthy = now
         return Decision("healthy", (), "every unit serves", SERVING)
+    broken_since: dict[str, float] = {}
     for name in broken:
         unit = memory.unit(name)
         if unit.broken_since is None:
             unit.broken_since = now
+        broken_since[name] = unit.broken_since
     units = tuple(sorted(broken))
     problems = {name: list(broken[name].problems) for name in units}
-    oldest = min(memory.unit(name).broken_since for name in units)
+    oldest = min(broken_since.values())
     if now - oldest < limits.grace_seconds:
         return Decision("grace", units, f"{', '.join(units)} broken for {now - oldest:.0f}s; "
                         f"healing after {limits.grace_seconds:.0f}s if it stays broken",
@@ -163,8 +165,8 @@ def assess(broken: Mapping[str, Breakage], memory: Memory, limits: Limits, now: 
             f"{limits.max_heals_per_hour}, --max-heals-per-hour): not healing again before "
             f"{again}. Look at why it keeps dying (`scripts/kimipd logs --role {name}`), then "
             "`pulumi refresh` and `pulumi up` by hand", REFUSED, {"problems": problems})
-    waiting = [(memory.unit(name).retry_at, name) for name in units
-               if (memory.unit(name).retry_at or 0) > now]
+    waiting = [(at, name) for name in units
+               if (at := memory.unit(name).retry_at) is not None and at > now]
     if waiting:
         retry_at, name = max(waiting)
         return Decision(

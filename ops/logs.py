@@ -32,7 +32,9 @@ NODE_COMMANDS = {
                       "--format", "table {{.Names}}\t{{.Image}}\t{{.Status}}\t{{.Labels}}"],
 }
 ABSENT = 127  # the shell's "command not found"
-_SINCE = re.compile(r"^(\d+(\.\d+)?(ns|us|ms|s|m|h))+$|^\d{4}-\d\d-\d\d(T[0-9:.]+(Z|[+-]\d\d:\d\d)?)?$|^\d+$")
+_SINCE = re.compile(r"^(\d+(\.\d+)?(ns|us|ms|s|m|h))+$"
+                    r"|^\d{4}-\d\d-\d\d(T[0-9:.]+(Z|[+-]\d\d:\d\d)?)?$"
+                    r"|^\d+$")
 _TIMESTAMPED = re.compile(rb"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z ")
 
 
@@ -164,7 +166,7 @@ def collect_bundle(topology: Topology, transport: Transport, out_dir: Path, sinc
         if not selectors:
             # Containers the outputs do not list (left over, renamed) are evidence too.
             known = {(ref.node, ref.name) for ref in chosen}
-            found = dict(zip(nodes, pool.map(collector.discover, nodes)))
+            found = dict(zip(nodes, pool.map(collector.discover, nodes), strict=True))
             for node, names in found.items():
                 chosen += [ContainerRef(role=name.removeprefix("kimipd-"), node=node, name=name,
                                         health_url="") for name in names

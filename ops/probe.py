@@ -135,6 +135,8 @@ class Prober:
         command = curl_command(method, url, timeout, with_body=body is not None,
                                header_file=header_file)
         stdin = json.dumps(body).encode() if body is not None else None
+        if self.transport is None:
+            return HttpAnswer(url, "ssh", error="no SSH transport to the node")
         try:
             # The SSH connection's own time is not the probe's: allow for it on top.
             result = self.transport.run(node, command, timeout=timeout + 5, stdin=stdin)

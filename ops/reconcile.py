@@ -11,12 +11,15 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TextIO
+
+from prometheus_client import CollectorRegistry, start_http_server, write_to_textfile
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from . import status as status_command
 from .heal_policy import (MESSAGE_PREFIX, REFUSED, SERVING, WAITING, Decision, Limits, Memory,
@@ -64,71 +67,78 @@ def save_memory(path: Path, memory: Memory) -> None:
     partial.replace(path)
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def metrics_text(stack: str, memory: Memory, decision: Decision | None, now: float) -> str:
-    """Prometheus text exposition of what reconcile did and saw."""
-    label = f'stack="{_escape(stack)}"'
-    lines: list[str] = []
-
-    def family(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} {kind}")
-        lines.extend(f"{name}{{{labels}}} {value:.15g}" for labels, value in samples)
-
-    units = sorted(memory.units.items())
-    family("kimipd_reconcile_heals_total", "counter",
-           "Heals whose refresh and up converged, per unit (group, mooncake-master, router).",
-           [(f'{label},unit="{_escape(n)}"', u.healed_total) for n, u in units])
-    family("kimipd_reconcile_heal_failures_total", "counter", "Heals that failed, per unit.",
-           [(f'{label},unit="{_escape(n)}"', u.failed_total) for n, u in units])
-    family("kimipd_reconcile_heals_last_hour", "gauge",
-           "Heals started in the last hour, per unit (compared with --max-heals-per-hour).",
-           [(f'{label},unit="{_escape(n)}"', len([t for t in u.heals if now - t < 3600]))
-            for n, u in units])
-    family("kimipd_reconcile_broken_units", "gauge", "Units found broken by the last pass.",
-           [(label, len(decision.units) if decision and decision.kind != "healed" else 0)])
+def metric_families(stack: str, memory: Memory, decision: Decision | None,
+                    now: float) -> list[Metric]:
+    """What reconcile did and saw, as Prometheus metric families."""
+    per_unit = ["stack", "unit"]
+    heals = CounterMetricFamily(
+        "kimipd_reconcile_heals_total",
+        "Heals whose refresh and up converged, per unit (group, mooncake-master, router).",
+        labels=per_unit)
+    failures = CounterMetricFamily("kimipd_reconcile_heal_failures_total",
+                                   "Heals that failed, per unit.", labels=per_unit)
+    last_hour = GaugeMetricFamily(
+        "kimipd_reconcile_heals_last_hour",
+        "Heals started in the last hour, per unit (compared with --max-heals-per-hour).",
+        labels=per_unit)
+    for name, unit in sorted(memory.units.items()):
+        heals.add_metric([stack, name], unit.healed_total)
+        failures.add_metric([stack, name], unit.failed_total)
+        last_hour.add_metric([stack, name], len([t for t in unit.heals if now - t < 3600]))
+    broken = GaugeMetricFamily("kimipd_reconcile_broken_units",
+                               "Units found broken by the last pass.", labels=["stack"])
+    broken.add_metric([stack], len(decision.units) if decision and decision.kind != "healed"
+                      else 0)
+    families: list[Metric] = [heals, failures, last_hour, broken]
     if decision is not None:
-        family("kimipd_reconcile_last_decision", "gauge",
-               "1 for the last pass's decision (healthy, grace, healed, limited, ...).",
-               [(f'{label},decision="{decision.kind}"', 1)])
+        last_decision = GaugeMetricFamily(
+            "kimipd_reconcile_last_decision",
+            "1 for the last pass's decision (healthy, grace, healed, limited, ...).",
+            labels=["stack", "decision"])
+        last_decision.add_metric([stack, decision.kind], 1)
+        families.append(last_decision)
     if memory.last_pass is not None:
-        family("kimipd_reconcile_last_pass_timestamp_seconds", "gauge",
-               "When the last pass ended.", [(label, memory.last_pass)])
+        last_pass = GaugeMetricFamily("kimipd_reconcile_last_pass_timestamp_seconds",
+                                      "When the last pass ended.", labels=["stack"])
+        last_pass.add_metric([stack], memory.last_pass)
+        families.append(last_pass)
     if memory.last_healthy is not None:
-        family("kimipd_reconcile_last_healthy_timestamp_seconds", "gauge",
-               "When a pass last found every unit serving.", [(label, memory.last_healthy)])
-    return "\n".join(lines) + "\n"
+        last_healthy = GaugeMetricFamily("kimipd_reconcile_last_healthy_timestamp_seconds",
+                                         "When a pass last found every unit serving.",
+                                         labels=["stack"])
+        last_healthy.add_metric([stack], memory.last_healthy)
+        families.append(last_healthy)
+    return families
+
+
+class ReconcileMetrics(Collector):
+    """The last pass's metric families, in the one registry that --metrics-file is written from
+    and --metrics-listen serves, so both always say the same."""
+
+    def __init__(self) -> None:
+        self.families: list[Metric] = []
+        self.registry = CollectorRegistry()
+        self.registry.register(self)
+
+    def collect(self) -> Iterable[Metric]:
+        # A scrape during a pass reads the previous pass's families: they are replaced whole.
+        return self.families
+
+    def update(self, stack: str, memory: Memory, decision: Decision | None, now: float) -> None:
+        self.families = metric_families(stack, memory, decision, now)
 
 
 class MetricsEndpoint:
-    """GET /metrics answers the last pass's text (for a Prometheus scrape)."""
+    """http://ADDRESS:PORT/metrics: prometheus_client's server on REGISTRY, for a Prometheus
+    scrape; close() stops it."""
 
-    def __init__(self, address: str, port: int) -> None:
-        self.text = "# no pass yet\n"
-        endpoint = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                body = endpoint.text.encode() if self.path == "/metrics" else b"not found\n"
-                self.send_response(200 if self.path == "/metrics" else 404)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *_: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer((address, port), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+    def __init__(self, address: str, port: int, registry: CollectorRegistry) -> None:
+        self.server, self.thread = start_http_server(port, address, registry)
 
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+        self.thread.join()
 
 
 class Reconciler:
@@ -146,6 +156,7 @@ class Reconciler:
         self.clock = clock
         self.status = status or self._status
         self.memory = load_memory(settings.state_file)
+        self.metrics = ReconcileMetrics()
         self.endpoint: MetricsEndpoint | None = None
         self.last: Decision | None = None
 
@@ -268,15 +279,11 @@ class Reconciler:
             units = f" [{', '.join(decision.units)}]" if decision.units else ""
             print(f"{decision.kind}{units}: {decision.message}", file=self.settings.echo,
                   flush=True)
-        text = metrics_text(self.settings.stack, self.memory, decision, self.clock())
+        self.metrics.update(self.settings.stack, self.memory, decision, self.clock())
         if self.settings.metrics_file is not None:
-            path = self.settings.metrics_file
-            path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_name(path.name + ".partial")
-            partial.write_text(text)
-            partial.replace(path)
-        if self.endpoint is not None:
-            self.endpoint.text = text
+            self.settings.metrics_file.parent.mkdir(parents=True, exist_ok=True)
+            # Written aside and renamed over the file: a textfile collector never reads half.
+            write_to_textfile(str(self.settings.metrics_file), self.metrics.registry)
 
     def _write(self, line: dict[str, Any]) -> None:
         self.settings.log.write(json.dumps(line, default=str) + "\n")

@@ -103,7 +103,8 @@ def run(args: argparse.Namespace,
         return REFUSED
     if args.metrics_listen:
         host, _, port = args.metrics_listen.rpartition(":")
-        reconciler.endpoint = reconcile_command.MetricsEndpoint(host or "127.0.0.1", int(port))
+        reconciler.endpoint = reconcile_command.MetricsEndpoint(
+            host or "127.0.0.1", int(port), reconciler.metrics.registry)
     try:
         if not args.watch:
             return reconciler.run_pass().exit_code

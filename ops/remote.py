@@ -170,7 +170,10 @@ class SshTransport:
             on_stdout: Callable[[bytes], None] | None = None) -> RemoteResult:
         client = self._client(node)
         try:
-            channel = client.get_transport().open_session(timeout=timeout)
+            transport = client.get_transport()
+            if transport is None:  # closed since _client returned it (another command dropped it)
+                raise paramiko.SSHException("the connection was closed")
+            channel = transport.open_session(timeout=timeout)
             channel.settimeout(0.05)
             channel.exec_command(command)
             if stdin:

@@ -251,23 +251,22 @@ class PulumiCli:
 def load_stack(stack: str | None, cwd: Path = REPO, outputs_file: Path | None = None,
                config_file: Path | None = None) -> Stack:
     """The stack's outputs and connection settings; files replace the CLI (tests)."""
-    cli = None
-    if outputs_file is None or config_file is None:
-        cli = PulumiCli(stack, cwd)
-    name = stack or (cli.stack_name() if cli else "injected")
-    if outputs_file is not None:
-        outputs = json.loads(Path(outputs_file).read_text())
-    else:
-        outputs = cli.outputs()
+    name = stack or "injected"
+    outputs = json.loads(Path(outputs_file).read_text()) if outputs_file is not None else None
+    raw_config = json.loads(Path(config_file).read_text()) if config_file is not None else None
     private_key = router_key = None
-    if config_file is not None:
-        raw_config = json.loads(Path(config_file).read_text())
-    else:
-        raw_config = cli.config()
-        if "sshPrivateKey" in secret_keys(raw_config):
-            private_key = cli.secret("sshPrivateKey")
-        if "routerApiKey" in secret_keys(raw_config):
-            router_key = cli.secret("routerApiKey").strip()
+    if outputs is None or raw_config is None:
+        cli = PulumiCli(stack, cwd)
+        name = cli.stack_name()
+        if outputs is None:
+            outputs = cli.outputs()
+        if raw_config is None:
+            raw_config = cli.config()
+            if "sshPrivateKey" in secret_keys(raw_config):
+                private_key = cli.secret("sshPrivateKey")
+            if "routerApiKey" in secret_keys(raw_config):
+                router_key = cli.secret("routerApiKey")
+                router_key = router_key.strip() if router_key is not None else None
     values = config_values(raw_config)
     return Stack(topology=Topology.from_outputs(name, outputs),
                  access=access_from_config(values, private_key),

@@ -117,4 +117,4 @@ class StackEngine:
             result = self.stack.up(message=message, show_secrets=False)
         except auto.ConcurrentUpdateError as error:
             raise StackLocked(str(error).strip().splitlines()[-1][:300]) from None
-        return dict(result.summary.resource_changes or {})
+        return {op: count for op, count in (result.summary.resource_changes or {}).items()}

@@ -94,8 +94,10 @@ _DOCKER_TIME = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:
 
 def _parse_time(value: str | None) -> datetime | None:
     """docker's RFC 3339 with nanoseconds (2026-11-29T20:17:01.123456789Z); None when unset."""
-    match = _DOCKER_TIME.match(value or "")
-    if not match or value.startswith("0001-"):
+    if not value or value.startswith("0001-"):
+        return None
+    match = _DOCKER_TIME.match(value)
+    if not match:
         return None
     seconds, fraction, zone = match.groups()
     zone = "+00:00" if zone in (None, "Z") else zone
@@ -219,7 +221,7 @@ def collect(topology: Topology, transport: Transport, prober: Prober, timeout: f
         row.problems = _problems(row, topology.restart_generation)
         rows.append(row)
     path_answer = (result(path, HttpAnswer(topology.generate_url, "-", error="timed out"))
-                   if path is not None else None)
+                   if path is not None and topology.generate_url else None)
 
     notes = []
     if path_answer is None:

@@ -4,8 +4,10 @@ policy SDK's gRPC server, so it is built only here (the rules are tested in rule
 import sys
 from pathlib import Path
 
-from pulumi_policy import (EnforcementLevel, PolicyConfigSchema, PolicyPack,
-                           ResourceValidationPolicy)
+# pulumi-policy is the pack's own requirement (policy/requirements.txt, in policy/venv), not in the
+# program's venv the type checker reads: its protobuf~=5.29 would pin the program's protobuf back.
+from pulumi_policy import (  # pyright: ignore[reportMissingImports]
+    EnforcementLevel, PolicyConfigSchema, PolicyPack, ResourceValidationPolicy)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -27,7 +29,8 @@ PolicyPack(
             description="NCCL/GLOO socket interfaces never reach the management interface.",
             validate=rules.validate_nccl_off_management,
             config_schema=PolicyConfigSchema(properties={
-                "managementInterface": {"type": "string", "default": rules.DEFAULT_MANAGEMENT_INTERFACE}})),
+                "managementInterface": {"type": "string",
+                                        "default": rules.DEFAULT_MANAGEMENT_INTERFACE}})),
         ResourceValidationPolicy(
             name="kimipd-no-nixl",
             description="No nixl disaggregation transfer backend (fails above ~20 MB here).",

@@ -63,7 +63,8 @@ def management_interface(props: Mapping[str, Any], management: str) -> list[str]
         for item in value.split(","):
             interface = item.strip().lstrip("=")
             exact = item.strip().startswith("=")
-            if interface and (interface == management or (not exact and management.startswith(interface))):
+            if interface and (interface == management
+                              or (not exact and management.startswith(interface))):
                 problems.append(f"{_role(props)}: {name}={value!r} puts NCCL/GLOO traffic on the "
                                 f"management interface {management}; name the compute interface.")
                 break
@@ -91,7 +92,8 @@ def restart_policy(props: Mapping[str, Any]) -> list[str]:
 def privileged(props: Mapping[str, Any], allowed: bool) -> list[str]:
     if props.get("privileged") and not allowed:
         return [f"{_role(props)}: privileged container; grant the capabilities it needs instead, "
-                "or allow it in the pack's config (kimipd-no-privileged: {\"allowPrivileged\": true})."]
+                "or allow it in the pack's config "
+                "(kimipd-no-privileged: {\"allowPrivileged\": true})."]
     return []
 
 
@@ -107,7 +109,8 @@ def validate_no_expandable_segments(args: Any, report_violation: ReportViolation
 
 def validate_nccl_off_management(args: Any, report_violation: ReportViolation) -> None:
     if args.resource_type == CONTAINER:
-        management = (args.get_config() or {}).get("managementInterface", DEFAULT_MANAGEMENT_INTERFACE)
+        management = (args.get_config() or {}).get("managementInterface",
+                                                   DEFAULT_MANAGEMENT_INTERFACE)
         _report(args, report_violation, management_interface(args.props, management))
 
 

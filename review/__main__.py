@@ -1,4 +1,5 @@
-"""`python -m review [PREVIEW_JSON]`: `pulumi preview --json` (a file, or stdin) in, Markdown out."""
+"""`python -m review [PREVIEW_JSON]`: `pulumi preview --json` (a file, or stdin) in, Markdown
+out."""
 
 from __future__ import annotations
 

@@ -118,7 +118,8 @@ def input_changes(type_: str, old: dict[str, Any], new: dict[str, Any]) -> list[
     changes: list[InputChange] = []
     keys = sorted(old.keys() | new.keys())
     if type_ == CONTAINER:
-        changes += _diff("flag", argv_flags(old.get("command") or []), argv_flags(new.get("command") or []))
+        changes += _diff("flag", argv_flags(old.get("command") or []),
+                         argv_flags(new.get("command") or []))
         changes += _diff("env", _envs(old.get("envs")), _envs(new.get("envs")))
         changes += _diff("label", _labels(old.get("labels")), _labels(new.get("labels")))
         keys = [k for k in keys if k not in ("command", "envs", "labels")]
@@ -175,7 +176,8 @@ def changes(preview: dict[str, Any]) -> list[Change]:
             urn=step["urn"], type=state.get("type", ""), name=name, node="",
             role=labels.get("kimipd.role", ""),
             container=(inputs or before).get("name") if state.get("type") == CONTAINER else None,
-            inputs=input_changes(state.get("type", ""), before, inputs) if op in ("replace", "update") else [],
+            inputs=(input_changes(state.get("type", ""), before, inputs)
+                    if op in ("replace", "update") else []),
             dependencies=list(state.get("dependencies") or []),
         ))
     _place(found, deployed_roles(preview), preview)
@@ -224,8 +226,10 @@ def order(found: list[Change]) -> list[list[Change]]:
 
     def backward(change: Change, seen: frozenset[str] = frozenset()) -> int:
         if change.urn not in level:
-            users = [d for d in dependents.get(change.urn, []) if d.op == "delete" and d.urn not in seen]
-            level[change.urn] = 1 + max((backward(d, seen | {change.urn}) for d in users), default=-1)
+            users = [d for d in dependents.get(change.urn, [])
+                     if d.op == "delete" and d.urn not in seen]
+            level[change.urn] = 1 + max((backward(d, seen | {change.urn}) for d in users),
+                                        default=-1)
         return level[change.urn]
 
     deletes = [c for c in found if c.op == "delete"]

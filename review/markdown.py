@@ -41,7 +41,9 @@ def _input(change: InputChange) -> str:
     """`name` old -> new for a short plain value; the name alone for lists and long values."""
     plain = all(v is not None and len(v) <= 120 and not v.startswith(("[", "{"))
                 for v in (change.old, change.new))
-    return f"`{change.name}` {_code(change.old)} -> {_code(change.new)}" if plain else f"`{change.name}`"
+    if not plain:
+        return f"`{change.name}`"
+    return f"`{change.name}` {_code(change.old)} -> {_code(change.new)}"
 
 
 KINDS = {"Container": "container", "RemoteImage": "image", "Command": "command",
@@ -68,7 +70,8 @@ def render(preview: dict[str, Any]) -> str:
         return "\n".join(lines) + "\n"
 
     lines += ["| node | role | resource | change |", "| --- | --- | --- | --- |"]
-    for change in sorted(found, key=lambda c: (_node_key(c.node), c.role, not c.is_container, c.name)):
+    for change in sorted(found, key=lambda c: (_node_key(c.node), c.role, not c.is_container,
+                                               c.name)):
         lines.append(f"| {change.node} | {change.role} | {_what(change)} | {VERBS[change.op]} |")
 
     containers = [c for c in found if c.is_container and c.op in ("replace", "update")]
@@ -81,7 +84,8 @@ def render(preview: dict[str, Any]) -> str:
             lines.append("")
             if change.inputs:
                 lines += ["| what | old | new |", "| --- | --- | --- |"]
-                lines += [f"| {_label(i)} | {_code(i.old)} | {_code(i.new)} |" for i in change.inputs]
+                lines += [f"| {_label(i)} | {_code(i.old)} | {_code(i.new)} |"
+                          for i in change.inputs]
             else:
                 lines.append("no input of its own differs: replaced because something it depends "
                              "on is replaced")
@@ -92,7 +96,8 @@ def render(preview: dict[str, Any]) -> str:
         lines += ["#### Other resources: inputs that change", ""]
         for change in sorted(others, key=lambda c: (_node_key(c.node), c.name)):
             where = f" on {change.node}" if change.node != CLUSTER else ""
-            lines.append(f"- {_what(change)}{where}: " + ", ".join(_input(i) for i in change.inputs))
+            lines.append(f"- {_what(change)}{where}: "
+                         + ", ".join(_input(i) for i in change.inputs))
         lines.append("")
 
     lines += ["#### Order", ""]

@@ -4,7 +4,9 @@ Run it on two commits and diff the outputs to show that a change of the code's l
 nothing that reaches a node: every container plan (argv, environment, labels, mounts), every
 command run over SSH, the router's argv and the Prometheus targets.
 
-    scripts/dump-renderings > before.json; git checkout OTHER; scripts/dump-renderings | diff before.json -
+    scripts/dump-renderings > before.json
+    git checkout OTHER
+    scripts/dump-renderings | diff before.json -
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ def dump(stack_file: Path) -> dict[str, object]:
                        for name, group in cfg.groups.items()},
         "routerCommand": render.router_command(cfg),
         "routerUrl": render.router_url(cfg),
-        "groupEndpoints": {name: render.group_endpoint(group) for name, group in cfg.groups.items()},
+        "groupEndpoints": {name: render.group_endpoint(group)
+                           for name, group in cfg.groups.items()},
         "smokeTest": render.smoke_test_command(cfg),
         "prepareDirs": render.prepare_dirs_command(cfg),
         "preparedImageTag": tag,
