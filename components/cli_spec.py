@@ -17,6 +17,7 @@ import json
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from . import versions
 
@@ -98,7 +99,7 @@ class CliTable:
                 parser.add_argument(*option.options, dest=option.dest, action="store_const",
                                     const=True)
                 continue
-            kwargs: dict[str, object] = {"dest": option.dest, "nargs": option.nargs}
+            kwargs: dict[str, Any] = {"dest": option.dest, "nargs": option.nargs}
             if option.choices is not None:
                 kwargs["choices"] = option.choices
             else:

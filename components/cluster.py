@@ -30,7 +30,8 @@ class Cluster(pulumi.ComponentResource):
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("kimipd:cluster:Cluster", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        self.nodes = {node.address: Node(cfg, node, private_key, host_keys[node.address], opts=child)
+        self.nodes = {node.address: Node(cfg, node, private_key, host_keys[node.address],
+                                         opts=child)
                       for node in cfg.nodes}
         if cfg.install_node_files == "image":
             for node in self.nodes.values():
@@ -90,8 +91,10 @@ class Cluster(pulumi.ComponentResource):
         # sequential: decode starts once prefill is healthy (P + D model loads, as the runbook
         # ran). overlapped: once every prefill rank 0's bootstrap server answers, which SGLang
         # opens before the model loads; decode's start never dials prefill (max(P, D)).
-        decode_waits_for = ([group.bootstrap_gate for group in self.prefill.values()]
-                            if overlapped else prefill_gates)
+        bootstrap_gates: list[pulumi.Resource] = [
+            group.bootstrap_gate for group in self.prefill.values()
+            if group.bootstrap_gate is not None]
+        decode_waits_for = bootstrap_gates if overlapped else prefill_gates
         self.decode = {
             name: ServingGroup(name, cfg, self.nodes, wait_for=decode_waits_for,
                                key_files=key_files, opts=child)

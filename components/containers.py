@@ -47,7 +47,8 @@ def node_container(plan: ContainerPlan, node: Node, *, depends_on: Sequence[pulu
         if plan.capabilities else None,
         privileged=plan.privileged,
         shm_size=plan.shm_size_mb,
-        ulimits=[docker.ContainerUlimitArgs(name=k, soft=v, hard=v) for k, v in plan.ulimits.items()],
+        ulimits=[docker.ContainerUlimitArgs(name=k, soft=v, hard=v)
+                 for k, v in plan.ulimits.items()],
         volumes=[docker.ContainerVolumeArgs(host_path=h, container_path=c, read_only=ro)
                  for h, c, ro in plan.mounts],
         must_run=True,

@@ -69,7 +69,8 @@ def resolve_host_keys(cfg: ClusterConfig) -> dict[str, str | None]:
             problems.append(
                 f"nodes[{index}]: {node.address!r} has no key in connection.knownHostsFile "
                 f"{path!r}; without one the node is not authenticated: add it (`ssh-keyscan -t "
-                f"ed25519 {node.address}`, then compare the fingerprint) or set nodes[{index}].hostKey.")
+                f"ed25519 {node.address}`, then compare the fingerprint) or set "
+                f"nodes[{index}].hostKey.")
             continue
         resolved[node.address] = keys[0]
     if problems:

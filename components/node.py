@@ -29,16 +29,20 @@ def connection_args(connection: ConnectionSpec, node: NodeSpec,
                     private_key: pulumi.Input[str] | None,
                     host_key: str | None) -> command.remote.ConnectionArgsDict:
     """The command provider's SSH connection to NODE (the observability project's node too)."""
-    return {
+    args: command.remote.ConnectionArgsDict = {
         "host": node.address,
         "port": node.ssh_port,
         "user": node.ssh_user,
-        # A Pulumi secret (or None: then the provider uses SSH_AUTH_SOCK's agent).
-        "private_key": private_key,
-        "host_key": host_key,
         "dial_error_limit": connection.dial_error_limit,
         "per_dial_timeout": connection.per_dial_timeout_seconds,
     }
+    # Unset: the provider uses SSH_AUTH_SOCK's agent (a key is a Pulumi secret), and checks no
+    # host key.
+    if private_key is not None:
+        args["private_key"] = private_key
+    if host_key is not None:
+        args["host_key"] = host_key
+    return args
 
 
 class Node(pulumi.ComponentResource):

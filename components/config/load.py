@@ -18,7 +18,8 @@ SECRET_KEYS = frozenset({"sshPrivateKey", "routerApiKey"})
 
 
 def load_cluster_config(raw: Mapping[str, Any]) -> ClusterConfig:
-    """Validate the `kimipd:*` config values (namespace stripped); raise ConfigError on any problem."""
+    """Validate the `kimipd:*` config values (namespace stripped); raise ConfigError on any
+    problem."""
     try:
         return ClusterConfig.model_validate(dict(raw))
     except ValidationError as error:
@@ -32,7 +33,8 @@ def read_stack_file(path: Path) -> dict[str, Any]:
 
 
 def stack_file_values(stack_yaml: Mapping[str, Any]) -> dict[str, Any]:
-    """The `kimipd:*` values of a parsed `Pulumi.<stack>.yaml`, namespace stripped, secrets left out."""
+    """The `kimipd:*` values of a parsed `Pulumi.<stack>.yaml`, namespace stripped, secrets left
+    out."""
     prefix = CONFIG_NAMESPACE + ":"
     values = {}
     for key, value in (stack_yaml.get("config") or {}).items():

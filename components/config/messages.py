@@ -53,7 +53,8 @@ def _step(annotation: Any, part: Any) -> Any:
     return None
 
 
-def _model_at(loc: tuple[Any, ...], root: type[BaseModel] = ClusterConfig) -> type[BaseModel] | None:
+def _model_at(loc: tuple[Any, ...],
+              root: type[BaseModel] = ClusterConfig) -> type[BaseModel] | None:
     """The model whose value sits at LOC (ROOT at ()), if it is one."""
     annotation: Any = root
     for part in loc:
@@ -172,7 +173,7 @@ def validation_problems(error: ValidationError, root: type[BaseModel] = ClusterC
     for item in error.errors():
         key = location_key(item["loc"])
         if item["type"] == "value_error":
-            for line in str(item["ctx"]["error"]).splitlines():
+            for line in str(item.get("ctx", {}).get("error", item["msg"])).splitlines():
                 lines.append(f"{key}: {line}" if key and not line.startswith(key) else line)
         else:
             lines.append(type_problem(key, item, root, namespace))

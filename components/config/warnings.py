@@ -75,7 +75,8 @@ def rollout_warnings(cfg: ClusterConfig) -> list[str]:
         if len(groups) == 1:
             warnings.append(
                 f"groups.{groups[0]}: the only {mode} group, so a change that replaces it (image, "
-                f"node files, model, restartGeneration, its own settings) leaves the router with no "
+                f"node files, model, restartGeneration, its own settings) leaves the router with "
+                f"no "
                 f"{mode} group until it has loaded again; its in-flight requests still finish "
                 f"(drain). To roll changes without downtime add a second {mode} group.")
         elif cfg.rollout == "all-at-once":

@@ -5,7 +5,8 @@ and what runs on a node, so a reviewer reads these files to see exactly what wil
 target SGLang 0.5.19 (`python/sglang/srt/server_args.py`) and sglang-router 0.3.2. One module per
 thing rendered: `sglang.py`, `router.py` (and the smoke test), `mooncake_master.py`,
 `node_scripts.py` (preflight, gates, image check), `node_files.py` (launch.sh's installs, the
-prepared image), `prometheus.py`, `firewall.py` (each node's nftables table); `container_plan.py` is what docker is told about any container
+prepared image), `prometheus.py`, `firewall.py` (each node's nftables table);
+`container_plan.py` is what docker is told about any container
 and `layout.py` where things live on a node.
 """
 
@@ -22,7 +23,8 @@ from .node_scripts import (bootstrap_url, connection_ssh_opts, docker_ssh_opts,
                            image_env_check_command, preflight_command, wait_bootstrap_command,
                            wait_healthy_command)
 from .prometheus import prometheus_targets
-from .router import (router_api_key_file, router_auth_header_file, router_command, router_plan, router_url,
+from .router import (router_api_key_file, router_auth_header_file, router_command, router_plan,
+                     router_url,
                      smoke_test_command, smoke_test_text, write_api_key_command)
 from .sglang import (group_endpoint, remove_worker_key_command, sglang_command, sglang_env,
                      sglang_launch_args, sglang_rank_plan, variables_set_in_every_container,

@@ -77,5 +77,6 @@ def prepared_image_id(stdout: str) -> str:
 
 
 def prepare_dirs_command(cfg: ClusterConfig) -> str:
-    dirs = sorted({NODE_ASSET_DIR} | {f.destination.rsplit("/", 1)[0] or "/" for f in cfg.node_files})
+    dirs = sorted({NODE_ASSET_DIR}
+                  | {f.destination.rsplit("/", 1)[0] or "/" for f in cfg.node_files})
     return shell(["mkdir", "-p", *dirs])

@@ -41,7 +41,8 @@ def remove_worker_key_command(cfg: ClusterConfig) -> str:
 
 
 def sglang_launch_args(cfg: ClusterConfig, group_name: str, rank: int) -> list[str]:
-    """`python3 -m sglang.launch_server ...` for one rank; every rank differs only in --node-rank."""
+    """`python3 -m sglang.launch_server ...` for one rank; every rank differs only in
+    --node-rank."""
     group = cfg.groups[group_name]
     args = ["python3", "-m", "sglang.launch_server", "--model-path", cfg.model.path]
     if cfg.model.served_model_name:
