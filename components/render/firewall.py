@@ -48,6 +48,26 @@ def _from(networks: list[str], what: str) -> list[str]:
     return rules
 
 
+def _summary(cfg: ClusterConfig, address: str, members: list[str],
+             ssh_ports: list[int]) -> list[str]:
+    """Two comment lines that say what the table does: `pulumi preview` shows a new multi-line
+    value by its first lines only."""
+    spec = cfg.firewall
+    others = [f"tcp {','.join(map(str, ssh_ports))} (SSH) from anyone"]
+    if address == cfg.router.node:
+        others.append(f"{cfg.router.port} (router) from {', '.join(spec.client_networks)}")
+    metrics = cfg.metrics_ports_on(address)
+    if metrics and spec.monitoring_hosts:
+        others.append(f"{','.join(map(str, metrics))} (metrics) from "
+                      f"{', '.join(spec.monitoring_hosts)}")
+    if spec.open_ports:
+        others.append(f"{','.join(map(str, sorted(set(spec.open_ports))))} (openPorts) "
+                      "from anyone")
+    trusted = [*members, *spec.operator_hosts]
+    return [f"# kimipd firewall on {address}: every port from {', '.join(trusted)}",
+            f"# from anyone else only {'; '.join(others)}; any other TCP: reset"]
+
+
 def firewall_ruleset(cfg: ClusterConfig, address: str) -> str:
     """The nft script for one node: replaces the program's table in one transaction (the first
     line creates it when absent, so the delete always has something to delete)."""
@@ -77,7 +97,8 @@ def firewall_ruleset(cfg: ClusterConfig, address: str) -> str:
     # connection before SSH (kimipd status) falls back at once instead of after a timeout.
     rules.append("meta l4proto tcp reject with tcp reset")
     body = "\n".join(f"    {rule}" for rule in rules)
-    return (f"table {table}\n"
+    return ("\n".join(_summary(cfg, address, members, ssh_ports)) + "\n"
+            f"table {table}\n"
             f"delete table {table}\n"
             f"table {table} {{\n"
             "  chain input {\n"

@@ -41,7 +41,10 @@ PROBE = textwrap.dedent('''
     import json, socket, sys
     targets, key = json.load(sys.stdin)
     def http(host, port, method, path, headers=""):
-        body = '{"text": "hi", "sampling_params": {"max_new_tokens": 2}}' if path == "/generate" else ""
+        body = {"/generate": '{"text": "hi", "sampling_params": {"max_new_tokens": 2}}',
+                # a registration no real rank has (node rank 99) pointing at the stranger
+                "/route": '{"role": "Prefill", "node_rank": 99, "rank_ip": "10.231.60.200", '
+                          '"rank_port": 1}'}.get(path, "")
         request = (f"{method} {path} HTTP/1.1\\r\\nHost: {host}\\r\\nConnection: close\\r\\n"
                    f"Content-Type: application/json\\r\\nContent-Length: {len(body)}\\r\\n"
                    f"{headers}\\r\\n{body}")
@@ -60,13 +63,17 @@ PROBE = textwrap.dedent('''
             results.append([host, port, type(error).__name__, None, None]); continue
         if port == 22:
             results.append([host, port, "open", "ssh", None]); continue
-        try:
-            admin = http(host, port, "POST", "/flush_cache")
-            generate = http(host, port, "POST", "/generate")
-            keyed = http(host, port, "POST", "/generate", f"Authorization: Bearer {key}\\r\\n")
-        except OSError as error:
-            admin, generate, keyed = type(error).__name__, None, None
-        results.append([host, port, "open", admin, [generate, keyed]])
+        answers = []
+        # an admin route, a forged bootstrap route, metrics, then the door's /generate
+        for method, path, headers in (("POST", "/flush_cache", ""), ("PUT", "/route", ""),
+                                      ("GET", "/metrics", ""), ("POST", "/generate", ""),
+                                      ("POST", "/generate",
+                                       f"Authorization: Bearer {key}\\r\\n")):
+            try:
+                answers.append(http(host, port, method, path, headers))
+            except OSError as error:
+                answers.append(type(error).__name__)
+        results.append([host, port, "open", answers[0], answers[1:]])
     json.dump(results, sys.stdout)
 ''')
 
@@ -123,10 +130,10 @@ def probe_every_port(what: str) -> dict[tuple[str, int], list]:
     results = {(host, port): rest for host, port, *rest in probe(targets)}
     print(f"\n{what}: the stranger {STRANGER} probed {len(targets)} listening ports")
     print(f"  {'node:port':<20} {'connect':<9} {'POST /flush_cache':<18} "
-          "/generate (no key, key)")
-    for (host, port), (connect, admin, generate) in sorted(results.items()):
+          "PUT /route, GET /metrics, /generate (no key, key)")
+    for (host, port), (connect, admin, others) in sorted(results.items()):
         print(f"  {host + ':' + str(port):<20} {connect:<9} {admin or '-':<18} "
-              f"{generate or '-'}")
+              f"{', '.join(others) if others else '-'}")
     answered = sum(1 for connect, *_ in results.values() if connect == "open")
     print(f"  answered: {answered} of {len(results)}")
     return results
@@ -160,8 +167,9 @@ def test_without_firewall_and_keys_a_stranger_reaches_the_servers(
     assert rank0[0] == "open" and rank0[1] == "200", rank0  # POST /flush_cache, no key
     assert results[("10.231.60.1", 8998)][0] == "open"  # prefill's bootstrap server
     assert results[("10.231.60.1", 50051)][0] == "open"  # the Mooncake master's RPC
+    assert results[("10.231.60.1", 8998)][2][0] == "200"  # a forged PUT /route, accepted
     door = results[(ROUTER_NODE, ROUTER_PORT)]
-    assert door[2][0] == "200", door  # MiniLB: /generate without a key
+    assert door[2][2] == "200", door  # MiniLB: /generate without a key
     assert len(reachable(results)) > len(NODES) + 5
 
 
@@ -171,17 +179,30 @@ def assert_only_ssh_and_the_door(results: dict[tuple[str, int], list]) -> None:
     refused = {target for target, (connect, *_) in results.items() if connect != "open"}
     assert all(results[target][0] == "refused" for target in refused), (
         "the firewall resets a stranger's connection (a tool falls back at once)")
-    connect, admin, (generate, keyed) = results[(ROUTER_NODE, ROUTER_PORT)]
-    assert (generate, keyed) == ("401", "200"), results[(ROUTER_NODE, ROUTER_PORT)]
+    connect, admin, (route, metrics, generate, keyed) = results[(ROUTER_NODE, ROUTER_PORT)]
+    assert (admin, generate, keyed) == ("401", "401", "200"), results[(ROUTER_NODE, ROUTER_PORT)]
 
 
 def test_1p1d_as_shipped_answers_a_stranger_only_at_the_door(
         stack: auto.Stack, project: Project, sim: SimCluster, stranger: str) -> None:
     values = sim_values(sim)
     project.write_stack("security", values)
-    preview = stack.preview(diff=True)
-    # What the firewall will apply is in the preview.
-    assert f"table inet {TABLE}" in preview.stdout and "reject with tcp reset" in preview.stdout
+    # What the firewall will apply is in the preview: each node's table, the command's stdin.
+    planned: dict[str, str] = {}
+
+    def record(event: auto.EngineEvent) -> None:
+        pre = event.resource_pre_event
+        if pre is not None and pre.metadata.urn.endswith("-nftables") and pre.metadata.new:
+            planned[pre.metadata.urn.rsplit("::", 1)[-1]] = pre.metadata.new.inputs["stdin"]
+
+    preview = stack.preview(diff=True, on_event=record)
+    shown = [line for line in preview.stdout.splitlines()
+             if "stdin" in line and "any other TCP: reset" in line]
+    print(f"preview --diff: {len(planned)} tables planned, shown as:\n  {shown[0].strip()}")
+    assert len(shown) == len(NODES), preview.stdout[-3000:]
+    assert sorted(planned) == sorted(f"node-{n.replace('.', '-')}-nftables" for n in NODES)
+    assert all(f"table inet {TABLE} {{" in rules and "reject with tcp reset" in rules
+               for rules in planned.values()), planned
     stack.up()
     results = probe_every_port("stack sim as shipped (1P1D, keyed rust router, firewall)")
     assert len(results) > len(NODES) + 5  # the servers listen as before; only the table differs
@@ -216,7 +237,12 @@ def test_2p2d_answers_a_stranger_only_at_the_door_and_keeps_the_key_hidden(
         key_file = sim.ssh(node, "stat -c '%a %U' /opt/kimipd/keys-31000/sglang.yaml")
         assert key_file.stdout.strip() == "600 root", (node, key_file.stdout, key_file.stderr)
     assert ROUTER_API_KEY not in "".join(output)
-    assert ROUTER_API_KEY not in json.dumps(stack.export_stack().deployment)
+    # Plain state: the backend's files as they are on disk (the Automation API's export shows
+    # secrets decrypted).
+    state_files = [path for path in project.state.rglob("*") if path.is_file()]
+    assert state_files
+    for path in state_files:
+        assert ROUTER_API_KEY.encode() not in path.read_bytes(), path
 
 
 def test_destroy_removes_every_table_and_leaves_the_operators(

@@ -34,9 +34,12 @@ def test_members_reach_every_port_and_others_only_ssh_and_the_door(pro6000: dict
 
 def test_the_table_replaces_itself_in_one_transaction(pro6000: dict) -> None:
     script = firewall_ruleset(load_cluster_config(pro6000), "174.1.60.1").splitlines()
-    assert script[:3] == ["table inet kimipd_31000", "delete table inet kimipd_31000",
-                          "table inet kimipd_31000 {"]
-    assert "type filter hook input priority filter - 10; policy accept;" in script[4]
+    # First what it does, in the words `pulumi preview` shows of a new table (its first lines).
+    assert script[0].startswith("# kimipd firewall on 174.1.60.1: every port from 174.1.60.1, ")
+    assert script[1] == "# from anyone else only tcp 22 (SSH) from anyone; any other TCP: reset"
+    assert script[2:5] == ["table inet kimipd_31000", "delete table inet kimipd_31000",
+                           "table inet kimipd_31000 {"]
+    assert "type filter hook input priority filter - 10; policy accept;" in script[6]
     assert firewall_remove_command(load_cluster_config(pro6000)) == (
         "if nft list table inet kimipd_31000 >/dev/null 2>&1; then "
         "nft delete table inet kimipd_31000; fi")
