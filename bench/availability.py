@@ -23,16 +23,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from pulumi import automation as auto
-
 from components.config import read_stack_file
 from sim.automation import REPO
 from sim.cache import follow_cache
 
-from .sim_bench import SimBench, log
+from .sim_bench import BENCH_ROUTER_KEY, SimBench, log
 
 ROUTER = "http://10.231.60.5:31000"
-API_KEY = "kimipd-bench-router-key"
+API_KEY = BENCH_ROUTER_KEY  # what SimBench.new_stack sets as routerApiKey
 KINDS = ("mini-lb", "rust")
 CHANGES = ("decode-b restart", "node files (every group)", "router only")
 
@@ -146,7 +144,6 @@ def measure(work: Path, rate: float) -> dict[str, Any]:
         name = f"b6-{kind}"
         bench.remove_containers()
         stack = bench.new_stack(name, values)
-        stack.set_config("kimipd:routerApiKey", auto.ConfigValue(value=API_KEY, secret=True))
         log(f"B6 {kind}: first up")
         stack.up()
         changes = {
