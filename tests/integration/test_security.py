@@ -23,7 +23,8 @@ from pulumi import automation as auto
 
 from sim.automation import Project
 from tests.integration.engine import (  # noqa: F401 - fixtures
-    NODES, ROUTER_API_KEY, container_ids, env, new_stack, project, sim, sim_values, with_minilb)
+    NODES, ROUTER_API_KEY, Events, container_ids, env, new_stack, project, sim, sim_values,
+    with_minilb)
 from tests.integration.sim import SimCluster
 
 pytestmark = pytest.mark.timeout(1800)
@@ -75,6 +76,22 @@ PROBE = textwrap.dedent('''
                 answers.append(type(error).__name__)
         results.append([host, port, "open", answers[0], answers[1:]])
     json.dump(results, sys.stdout)
+''')
+
+
+# A server on a port the kernel picks, accepting for as long as the test needs it.
+RUNTIME_LISTENER = textwrap.dedent('''
+    import socket, sys
+    server = socket.socket()
+    server.bind(("0.0.0.0", 0))
+    server.listen(16)
+    print(server.getsockname()[1], flush=True)
+    server.settimeout(300)
+    while True:
+        try:
+            server.accept()[0].close()
+        except OSError:
+            sys.exit(0)
 ''')
 
 
@@ -204,12 +221,51 @@ def test_1p1d_as_shipped_answers_a_stranger_only_at_the_door(
     assert all(f"table inet {TABLE} {{" in rules and "reject with tcp reset" in rules
                for rules in planned.values()), planned
     stack.up()
-    results = probe_every_port("stack sim as shipped (1P1D, keyed rust router, firewall)")
+    # A port picked at run time, as NCCL's or the KV transfer's: any port, on node 6.
+    listener = subprocess.Popen(
+        ["nsenter", f"--net={node_ns('10.231.60.6')}", sys.executable, "-c", RUNTIME_LISTENER],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert listener.stdout is not None
+        runtime_port = int(listener.stdout.readline())
+        results = probe_every_port("stack sim as shipped (1P1D, keyed rust router, firewall)")
+        assert ("10.231.60.6", runtime_port) in results
+        # ...which a member still reaches (node 7 dials it):
+        dial = sim.ssh("10.231.60.7", f"exec 3<>/dev/tcp/10.231.60.6/{runtime_port} && echo open")
+        assert dial.stdout.strip() == "open", dial.stderr
+    finally:
+        listener.kill()
+        listener.wait()
+    print(f"  (10.231.60.6:{runtime_port}: a listener on a port picked at run time)")
     assert len(results) > len(NODES) + 5  # the servers listen as before; only the table differs
     assert_only_ssh_and_the_door(results)
     # The operator's own table is still there, rule and all.
     listed = sim.ssh("10.231.60.3", "nft list table inet operator_rules")
     assert "tcp dport 9999 counter" in listed.stdout, listed.stdout + listed.stderr
+
+
+def test_a_monitoring_host_reaches_the_metrics_ports_and_the_tables_change_in_place(
+        stack: auto.Stack, project: Project, sim: SimCluster, stranger: str) -> None:
+    """The stranger made a monitoring host: every table is updated in place (no container, no
+    gap without a table), and it reaches each node's metrics ports, whose servers still want the
+    key for anything but /health and /metrics."""
+    before = container_ids(sim)
+    project.update_stack("security", {"firewall": {"operatorHosts": ["10.231.60.254"],
+                                                   "monitoringHosts": [STRANGER]}})
+    events = Events()
+    stack.up(on_event=events)
+    ops = {urn.rsplit("::", 1)[-1]: op for phase, op, urn in events.steps
+           if phase == "pre" and op != "same" and "pulumi:pulumi:Stack" not in urn}
+    print(f"monitoringHosts added: {ops}")
+    assert ops == {f"node-{n.replace('.', '-')}-nftables": "update" for n in NODES}, ops
+    assert container_ids(sim) == before
+    results = probe_every_port("the stranger as a monitoring host")
+    metrics = ({(node, 30000) for node in NODES} | {("10.231.60.1", 9003)}
+               | {(ROUTER_NODE, 29000)})
+    expected = {(node, 22) for node in NODES} | {(ROUTER_NODE, ROUTER_PORT)} | metrics
+    assert reachable(results) == expected, sorted(reachable(results) ^ expected)
+    rank0 = results[("10.231.60.1", 30000)]
+    assert rank0[1] == "401", rank0  # /flush_cache still wants the key
 
 
 def test_2p2d_answers_a_stranger_only_at_the_door_and_keeps_the_key_hidden(
