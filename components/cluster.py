@@ -58,6 +58,9 @@ class Cluster(pulumi.ComponentResource):
             # The observability project (observability/) derives its time-to-first-token alert
             # from this baseline; plain data, no secret in it.
             "verification": cfg.verification.model_dump(by_alias=True, mode="json"),
+            # Who the nodes' firewalls let in (the observability project checks its Prometheus
+            # node against it); plain data, no secret in it.
+            "firewall": firewall_output(cfg),
         }
         if cfg.serving:
             self._serve(cfg, child, router_api_key)
@@ -131,6 +134,14 @@ class Cluster(pulumi.ComponentResource):
         if router_api_key is not None:
             # What clients send as `Authorization: Bearer KEY` (README); encrypted in the state.
             self.outputs["routerApiKey"] = pulumi.Output.secret(router_api_key)
+
+
+def firewall_output(cfg: ClusterConfig) -> dict[str, object]:
+    spec = cfg.firewall
+    return {"enabled": spec.enabled, "members": [node.address for node in cfg.nodes],
+            "clientNetworks": list(spec.client_networks),
+            "monitoringHosts": list(spec.monitoring_hosts),
+            "operatorHosts": list(spec.operator_hosts)}
 
 
 def container_outputs(cfg: ClusterConfig) -> dict[str, dict[str, object]]:

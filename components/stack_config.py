@@ -126,6 +126,7 @@ def router_api_key(cfg: ClusterConfig) -> pulumi.Output[str] | None:
         raise ConfigError(
             f"invalid kimipd secrets:\n  {ROUTER_API_KEY}: not set, and router.kind 'rust' "
             "serves a worker API (add, remove workers) and /generate to whoever reaches "
-            f"router.port: set one, `pulumi config set --secret {ROUTER_API_KEY} "
-            "\"$(openssl rand -hex 32)\"` (clients then send `Authorization: Bearer KEY`).")
+            "router.port, and every SGLang server requires the same key: set one, `openssl "
+            f"rand -hex 32 | pulumi config set --secret {ROUTER_API_KEY}` (clients then send "
+            "`Authorization: Bearer KEY`).")
     return key

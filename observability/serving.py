@@ -3,8 +3,9 @@ against this stack's own configuration before anything is touched."""
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
@@ -16,6 +17,7 @@ from .config import CONFIG_NAMESPACE, ObservabilityConfig
 # The serving stack's outputs this project reads (components/cluster.py exports them).
 TARGETS_OUTPUT = "prometheusTargets"
 VERIFICATION_OUTPUT = "verification"
+FIREWALL_OUTPUT = "firewall"
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,17 @@ class ServingStack:
     # A Prometheus file_sd document: [{"targets": ["ADDRESS:PORT"], "labels": {...}}].
     targets: list[dict[str, Any]]
     verification: VerificationSpec | None
+    # Who its nodes' firewalls let in ({} from a serving stack deployed before it had one).
+    firewall: dict[str, Any] = field(default_factory=dict)
+
+    def firewall_admits(self, address: str) -> bool:
+        """Whether its nodes' firewalls let ADDRESS reach the metrics ports."""
+        if not self.firewall.get("enabled"):
+            return True
+        host = ipaddress.ip_address(address)
+        allowed = [*self.firewall.get("members", []), *self.firewall.get("monitoringHosts", []),
+                   *self.firewall.get("operatorHosts", [])]
+        return any(host in ipaddress.ip_network(entry, strict=False) for entry in allowed)
 
     @property
     def addresses(self) -> list[str]:
@@ -64,7 +77,9 @@ def serving_stack(name: str, outputs: Mapping[str, Any]) -> ServingStack:
             verification = VerificationSpec.model_validate(outputs[VERIFICATION_OUTPUT])
         except ValidationError:
             verification = None
-    return ServingStack(name, list(targets), verification)
+    firewall = outputs.get(FIREWALL_OUTPUT)
+    return ServingStack(name, list(targets), verification,
+                        dict(firewall) if isinstance(firewall, Mapping) else {})
 
 
 def ttft_ceiling(verification: VerificationSpec) -> tuple[float, str] | None:
@@ -117,6 +132,14 @@ def check_against_serving(cfg: ObservabilityConfig, serving: ServingStack) -> No
                 f"{key}: {port} on node {cfg.node.address} is a serving stack target's port "
                 f"({address}, stack {serving.name!r}), and containers use host networking: pick "
                 "another port or another node.")
+    if not serving.firewall_admits(cfg.node.address):
+        stack = serving.name.rsplit("/", 1)[-1]
+        problems.append(
+            f"node.address: {cfg.node.address} is neither a node of the serving stack "
+            f"{serving.name!r} nor in its firewall.monitoringHosts or operatorHosts, so every "
+            "node's firewall would refuse Prometheus's scrapes: add it there (`pulumi config set "
+            f"--path 'kimipd:firewall.monitoringHosts[0]' {cfg.node.address} -s {stack}` in the "
+            "serving project, then `pulumi up` it), or run Prometheus on one of its nodes.")
     if problems:
         raise ConfigError(f"invalid {CONFIG_NAMESPACE} stack configuration:\n  "
                           + "\n  ".join(problems))

@@ -58,7 +58,10 @@ def serving_outputs(targets: list[dict[str, Any]] | None = None, **more: Any) ->
                     "stack": "sim", "role": f"{mode}-r{rank}", "group": mode, "mode": mode,
                     "rank": str(rank), "node": f"10.231.60.{n}"}})
     return {"prometheusTargets": targets, "serving": True,
-            "verification": {"baseline": [], "tolerance": 0.1}} | more
+            "verification": {"baseline": [], "tolerance": 0.1},
+            "firewall": {"enabled": True, "members": [f"10.231.60.{n}" for n in range(1, 9)],
+                         "clientNetworks": ["0.0.0.0/0"], "monitoringHosts": [],
+                         "operatorHosts": ["10.231.60.254"]}} | more
 
 
 def run_observability(values: dict[str, Any], outputs: dict[str, Any], *,

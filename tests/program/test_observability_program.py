@@ -129,3 +129,21 @@ def test_a_port_a_serving_process_holds_on_the_node_is_refused() -> None:
     message, run = run_observability_refused(values, serving_outputs())
     assert "prometheus.port: 30000 on node 10.231.60.4 is a serving stack target's port" in message
     assert not run.of_type(CONTAINER)
+
+
+def test_a_prometheus_node_the_serving_firewall_refuses_is_refused() -> None:
+    values = observability_values()
+    values["node"] = {**values["node"], "address": "10.231.60.9",
+                      "hostKey": values["node"]["hostKey"]}
+    message, run = run_observability_refused(values, serving_outputs())
+    assert ("node.address: 10.231.60.9 is neither a node of the serving stack "
+            "'organization/kimipd/sim' nor in its firewall.monitoringHosts") in message
+    assert "pulumi config set --path 'kimipd:firewall.monitoringHosts[0]' 10.231.60.9 -s sim" \
+        in message
+    assert not run.of_type(CONTAINER)
+    # A monitoring host, a network of them, or a serving stack without a firewall: accepted.
+    for firewall in ({"monitoringHosts": ["10.231.60.9"]}, {"operatorHosts": ["10.231.60.0/24"]},
+                     {"enabled": False}):
+        outputs = serving_outputs()
+        outputs["firewall"] = outputs["firewall"] | firewall
+        assert run_observability(values, outputs)[0].of_type(CONTAINER), firewall
