@@ -175,7 +175,8 @@ def measure(work: Path, rate: float) -> dict[str, Any]:
 
 
 def rows(results: dict[str, Any]) -> list[list[str]]:
-    """README table: router, change, sent, failed (by status), p50/p99 s, up s, fewest P/D."""
+    """The B6 table of docs/bench.md: router, change, sent, failed (by status), p50/p99 s, up s,
+    fewest P/D."""
     table = []
     for key, row in results.items():
         kind, change = key.split(" | ")

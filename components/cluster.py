@@ -132,7 +132,8 @@ class Cluster(pulumi.ComponentResource):
             "prometheusTargets": prometheus_targets(cfg, pulumi.get_stack()),
         }
         if router_api_key is not None:
-            # What clients send as `Authorization: Bearer KEY` (README); encrypted in the state.
+            # What clients send as `Authorization: Bearer KEY` (docs/router.md); encrypted in the
+            # state.
             self.outputs["routerApiKey"] = pulumi.Output.secret(router_api_key)
 
 

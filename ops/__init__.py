@@ -1,9 +1,10 @@
 """`scripts/kimipd`: the operator's day-two commands (status, logs, verify, targets, orphans,
 reconcile).
 
-The topology comes only from the stack's outputs (`pulumi stack output`, the README's contract)
-and the way to reach the nodes only from the stack's config (`kimipd:connection`, `kimipd:nodes`,
-the `sshPrivateKey` secret), the same settings the program deploys with.
+The topology comes only from the stack's outputs (`pulumi stack output`, the contract in
+docs/configuration.md) and the way to reach the nodes only from the stack's config
+(`kimipd:connection`, `kimipd:nodes`, the `sshPrivateKey` secret), the same settings the program
+deploys with.
 """
 
 # Exit codes shared by the commands.

@@ -184,8 +184,8 @@ def test_an_unreachable_node_is_named_and_up_converges_once_it_is_back(
 def test_up_interrupted_while_a_gate_waits_recovers(stack: auto.Stack, project: Project,
                                                     sim: SimCluster, signal_name: str) -> None:
     """SIGINT: the CLI cancels gracefully and releases its lock; SIGKILL leaves the lock and
-    pending operations: `pulumi cancel`, then `refresh --clear-pending-creates` (README,
-    troubleshooting)."""
+    pending operations: `pulumi cancel`, then `refresh --clear-pending-creates`
+    (docs/troubleshooting.md)."""
     generation = {"SIGINT": 2, "SIGKILL": 3}[signal_name]
     values = sim_values(sim)
     values["groups"]["decode"]["env"] = {"SGLANG_STANDIN_LOAD_SECONDS": "20"}
@@ -216,7 +216,7 @@ def test_up_interrupted_while_a_gate_waits_recovers(stack: auto.Stack, project: 
         stack.cancel()
         # Containers the killed run had created are not in the state; with fixed names the next
         # create would collide with them. Their group goes whole (a rank the state knows would
-        # be left alone and hang): README, troubleshooting.
+        # be left alone and hang): docs/troubleshooting.md.
         orphans_found_and_removed(project, stack, sim)
         stack.refresh(clear_pending_creates=True)
     converges(stack)
@@ -260,7 +260,8 @@ def test_a_second_up_on_the_same_stack_is_refused_by_the_lock(
 def test_requests_during_a_router_only_change(stack: auto.Stack, project: Project,
                                               sim: SimCluster) -> None:
     """A bounded load through the real router while `up` replaces only the router: the figure
-    goes in the README; the router is deleted before it is replaced (fixed name and port)."""
+    goes in docs/troubleshooting.md; the router is deleted before it is replaced (fixed name
+    and port)."""
     values = sim_values(sim)
     values["router"]["extraArgs"] = ["--log-level", "warn"]
     project.update_stack("faults", {"router": values["router"]})

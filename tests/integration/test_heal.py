@@ -165,7 +165,7 @@ def test_a_dry_run_and_a_recent_update_change_nothing_then_one_pass_heals(
 @pytest.fixture
 def service(project: Project, tmp_path: Path) -> Iterator[dict]:
     """reconcile --watch started from the unit's ExecStart and an environment file written as
-    the README says (mode 0600), with the environment systemd gives a root service."""
+    docs/healing.md says (mode 0600), with the environment systemd gives a root service."""
     files = {name: tmp_path / name for name in ("log.jsonl", "state.json", "reconcile.prom")}
     env_file = tmp_path / f"reconcile-{STACK}.env"
     env_file.write_text(

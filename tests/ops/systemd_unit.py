@@ -15,7 +15,7 @@ SERVICE_BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/
 
 
 def unit_text() -> str:
-    """The unit with /opt/kimipd (where the README installs the repository) as this one."""
+    """The unit with /opt/kimipd (where docs/healing.md installs the repository) as this one."""
     return UNIT.read_text().replace("/opt/kimipd", str(REPO))
 
 
