@@ -1,6 +1,6 @@
 """scripts/bench: run the benchmarks, print one table, write it (and the raw figures) as JSON.
 
-B1, B2, B3, B5 and B6 drive the real engine against the simulated cluster, which other
+B1, B2, B3, B5, B6 and B7 drive the real engine against the simulated cluster, which other
 engineers' tests share: run it under `flock -o /tmp/kimipd-sim-tests.lock`. B4 needs no sim.
 """
 
@@ -20,7 +20,7 @@ from sim.cache import cache_dir
 
 from .report import render, table_rows
 
-ALL = ("B1", "B2", "B3", "B4", "B5", "B6")
+ALL = ("B1", "B2", "B3", "B4", "B5", "B6", "B7")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -46,7 +46,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--sizes", default="8,16,32,64",
                         help="B4's node counts (default 8,16,32,64)")
     parser.add_argument("--rate", type=float, default=20.0,
-                        help="B6's load, requests per second through the router (default 20)")
+                        help="B6's and B7's load, requests per second through the router "
+                             "(default 20)")
     args = parser.parse_args(argv)
     args.only = {part.strip().upper() for part in args.only.split(",") if part.strip()}
     unknown = args.only - set(ALL)
@@ -92,7 +93,20 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
         print(f"B6: {args.rate:g} requests/s through the router during each up")
         print(availability_table(results["B6"]))
-    rows = table_rows({k: v for k, v in results.items() if k != "B6"}, args.load_seconds)
+    if "B7" in args.only:
+        from .security import measure as security, render as security_table
+        from .sim_bench import SimUnavailable
+
+        with tempfile.TemporaryDirectory(prefix="kimipd-bench-b7-") as work:
+            try:
+                results["B7"] = security(Path(work), args.rate)
+            except SimUnavailable as error:
+                print(f"bench: {error}", file=sys.stderr)
+                return 1
+        print(f"B7: {args.rate:g} requests/s for 30 s through the router, per setting")
+        print(security_table(results["B7"]))
+    rows = table_rows({k: v for k, v in results.items() if k not in ("B6", "B7")},
+                      args.load_seconds)
     machine = f"{platform.node()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
     title = (f"kimipd bench {time.strftime('%Y-%m-%d %H:%M', time.localtime(started))} on "
              f"{machine}; runs {args.runs}, load {args.load_seconds:g}s, parallel "
