@@ -81,30 +81,24 @@ def main(argv: list[str] | None = None) -> int:
         from .program_cost import measure
 
         results["B4"] = measure([int(s) for s in args.sizes.split(",")], args.runs)
-    if "B6" in args.only:
-        from .availability import measure as availability, render as availability_table
+    # Benches under load, each with a table of its own.
+    from . import availability, security
+
+    for name, bench, what in (
+            ("B6", availability, "through the router during each up"),
+            ("B7", security, "for 30 s through the router, per setting")):
+        if name not in args.only:
+            continue
         from .sim_bench import SimUnavailable
 
-        with tempfile.TemporaryDirectory(prefix="kimipd-bench-b6-") as work:
+        with tempfile.TemporaryDirectory(prefix=f"kimipd-bench-{name.lower()}-") as work:
             try:
-                results["B6"] = availability(Path(work), args.rate)
+                results[name] = bench.measure(Path(work), args.rate)
             except SimUnavailable as error:
                 print(f"bench: {error}", file=sys.stderr)
                 return 1
-        print(f"B6: {args.rate:g} requests/s through the router during each up")
-        print(availability_table(results["B6"]))
-    if "B7" in args.only:
-        from .security import measure as security, render as security_table
-        from .sim_bench import SimUnavailable
-
-        with tempfile.TemporaryDirectory(prefix="kimipd-bench-b7-") as work:
-            try:
-                results["B7"] = security(Path(work), args.rate)
-            except SimUnavailable as error:
-                print(f"bench: {error}", file=sys.stderr)
-                return 1
-        print(f"B7: {args.rate:g} requests/s for 30 s through the router, per setting")
-        print(security_table(results["B7"]))
+        print(f"{name}: {args.rate:g} requests/s {what}")
+        print(bench.render(results[name]))
     rows = table_rows({k: v for k, v in results.items() if k not in ("B6", "B7")},
                       args.load_seconds)
     machine = f"{platform.node()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"

@@ -80,7 +80,8 @@ def preview_once(nodes: int) -> dict[str, Any]:
         values = generated_values(nodes, Path(directory))
         set_all_config({f"kimipd:{key}": value if isinstance(value, str) else json.dumps(value)
                         for key, value in values.items()}
-                       | {"kimipd:sshPrivateKey": "not-a-key"}, ["kimipd:sshPrivateKey"])
+                       | {"kimipd:sshPrivateKey": "not-a-key", "kimipd:routerApiKey": "not-a-key"},
+                       ["kimipd:sshPrivateKey", "kimipd:routerApiKey"])
         pulumi.runtime.set_mocks(CountingMocks(), project="kimipd", stack=f"bench-{nodes}",
                                  preview=True)
 
