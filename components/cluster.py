@@ -9,6 +9,7 @@ from .keys import WorkerKeyFile
 from .mooncake import MooncakeMaster
 from .node import Node
 from .render import (
+    firewall_table,
     group_endpoint,
     mooncake_master_address,
     mooncake_master_plan,
@@ -139,7 +140,8 @@ class Cluster(pulumi.ComponentResource):
 
 def firewall_output(cfg: ClusterConfig) -> dict[str, object]:
     spec = cfg.firewall
-    return {"enabled": spec.enabled, "members": [node.address for node in cfg.nodes],
+    return {"enabled": spec.enabled, "table": f"inet {firewall_table(cfg)}",
+            "members": [node.address for node in cfg.nodes],
             "clientNetworks": list(spec.client_networks),
             "monitoringHosts": list(spec.monitoring_hosts),
             "operatorHosts": list(spec.operator_hosts)}

@@ -50,6 +50,8 @@ class Topology:
     containers: tuple[ContainerRef, ...]
     groups: Mapping[str, Any]
     nodes: tuple[str, ...]
+    # `inet kimipd_PORT` when the stack's firewall is on (its `firewall` output), else None.
+    firewall_table: str | None = None
 
     @classmethod
     def from_outputs(cls, stack: str, outputs: Mapping[str, Any]) -> Topology:
@@ -78,6 +80,7 @@ class Topology:
             if ref.node not in nodes:
                 nodes.append(ref.node)
         generation = outputs.get("restartGeneration")
+        firewall = outputs.get("firewall") or {}
         return cls(
             stack=stack,
             serving=bool(outputs.get("serving", bool(refs))),
@@ -87,6 +90,7 @@ class Topology:
             containers=tuple(sorted(refs, key=order)),
             groups=groups,
             nodes=tuple(sorted(nodes, key=_address_key)),
+            firewall_table=firewall.get("table") if firewall.get("enabled") else None,
         )
 
     @property

@@ -60,6 +60,8 @@ class Report:
     exit_code: int
     verdict: str
     notes: list[str] = field(default_factory=list)
+    # node -> "present", "missing" or why it could not be told; {} when the stack has none
+    firewall: dict[str, str] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -85,6 +87,7 @@ class Report:
                 "problems": row.problems,
             } for row in self.rows],
             "generate": self.path.as_json() if self.path else None,
+            "firewall": self.firewall,
             "notes": self.notes,
         }
 
@@ -158,6 +161,27 @@ def inspect_node(transport: Transport, node: str, names: list[str],
     return answers
 
 
+def firewall_on_node(transport: Transport, node: str, table: str, timeout: float) -> str:
+    """Whether the program's nftables table is on NODE. `pulumi refresh` cannot tell: a command
+    resource has no read, so a flushed ruleset goes unseen until someone looks."""
+    try:
+        result = transport.run(node, f"nft list table {table} >/dev/null", timeout=timeout)
+    except RemoteError as error:
+        return f"unknown: {error}"
+    if result.status == 0:
+        return "present"
+    if "No such file or directory" in result.err or result.status == 1:
+        return "missing"
+    return f"unknown: {result.err.strip()[:160]}"
+
+
+def firewall_urn(stack: str, node: str) -> str:
+    """The node's table in the stack (components/firewall.py), for `pulumi up --replace`."""
+    return (f"urn:pulumi:{stack}::kimipd::kimipd:cluster:Cluster$kimipd:node:Node$"
+            f"kimipd:firewall:NodeFirewall$command:remote:Command::"
+            f"node-{node.replace('.', '-')}-nftables")
+
+
 def _problems(row: Row, expected_generation: int | None) -> list[str]:
     problems = []
     docker = row.docker
@@ -196,6 +220,9 @@ def collect(topology: Topology, transport: Transport, prober: Prober, timeout: f
         health: dict[str, Future] = {
             ref.role: pool.submit(prober.get, ref.health_url, ref.node)
             for ref in topology.containers}
+        tables: dict[str, Future] = {
+            node: pool.submit(firewall_on_node, transport, node, topology.firewall_table, timeout)
+            for node in topology.nodes} if topology.firewall_table else {}
         path: Future | None = None
         if topology.generate_url:
             router = topology.router
@@ -204,7 +231,8 @@ def collect(topology: Topology, transport: Transport, prober: Prober, timeout: f
                                PATH_PROBE_BODY, generate_timeout, api_key)
         # A probe is bounded by its timeout (direct, then over SSH: connect + command); this is
         # the backstop for one that is not.
-        everything = [*inspections.values(), *health.values(), *([path] if path else [])]
+        everything = [*inspections.values(), *health.values(), *tables.values(),
+                      *([path] if path else [])]
         wait(everything, timeout=max(3 * timeout, generate_timeout) + 10)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
@@ -223,9 +251,16 @@ def collect(topology: Topology, transport: Transport, prober: Prober, timeout: f
     path_answer = (result(path, HttpAnswer(topology.generate_url, "-", error="timed out"))
                    if path is not None and topology.generate_url else None)
 
+    firewall = {node: result(future, "unknown: timed out") for node, future in tables.items()}
+    missing = [node for node, state in firewall.items() if state == "missing"]
     notes = []
     if path_answer is None:
         notes.append("no generateUrl output: the whole path was not probed")
+    for node in missing:
+        notes.append(
+            f"firewall: table {topology.firewall_table} is missing on {node}, so any host "
+            "reaches every port there; put it back: pulumi up --replace "
+            f"'{firewall_urn(topology.stack, node)}'")
     unreachable = sorted({row.ref.node for row in rows if row.docker.state == "unknown"})
     nothing_answered = (len(unreachable) == len(by_node)
                         and not any(row.health.status is not None for row in rows)
@@ -233,11 +268,13 @@ def collect(topology: Topology, transport: Transport, prober: Prober, timeout: f
     if nothing_answered:
         exit_code, verdict = DOWN, "unreachable"
         notes.append("no node answered over SSH and no HTTP probe got an answer")
-    elif all(row.ok for row in rows) and path_answer is not None and path_answer.ok:
+    elif (all(row.ok for row in rows) and path_answer is not None and path_answer.ok
+          and not missing):
         exit_code, verdict = OK, "serving"
     else:
         exit_code, verdict = DEGRADED, "degraded"
-    return Report(topology.stack, now, True, rows, path_answer, exit_code, verdict, notes)
+    return Report(topology.stack, now, True, rows, path_answer, exit_code, verdict, notes,
+                  firewall)
 
 
 # -- rendering -----------------------------------------------------------------------------------
@@ -284,6 +321,10 @@ def render(report: Report) -> Group:
         lines.append(Text.assemble(
             ("path ", "bold"), f"POST {path.url} (1 token) via {path.via}: ",
             (outcome, "green" if path.ok else "red")))
+    if report.firewall:
+        present = sum(state == "present" for state in report.firewall.values())
+        lines.append(Text(f"firewall: {present}/{len(report.firewall)} nodes have the table",
+                          style="green" if present == len(report.firewall) else "red"))
     healthy = sum(row.ok for row in report.rows)
     lines.append(Text(f"{healthy}/{len(report.rows)} containers ok; exit {report.exit_code}"))
     lines += [Text(note, style="yellow") for note in report.notes]

@@ -77,6 +77,8 @@ def test_status_all_serving(stack: auto.Stack, project: Project, sim: SimCluster
                 row["health"]["via"], row["ok"]) == ("running", "0", 200, "direct", True), row
         assert row["container"] == f"kimipd-{role}" and row["uptimeSeconds"] >= 0
     assert rows["decode-r2"]["node"] == "10.231.60.7"
+    # every node's firewall table is there (stack sim has one on every node)
+    assert report["firewall"] == dict.fromkeys(NODES, "present")
     assert report["generate"]["status"] == 200
     assert report["generate"]["url"] == "http://10.231.60.5:31000/generate"
     # the key came from the encrypted secret and stayed in memory

@@ -23,8 +23,8 @@ from pulumi import automation as auto
 
 from sim.automation import Project
 from tests.integration.engine import (  # noqa: F401 - fixtures
-    NODES, ROUTER_API_KEY, Events, container_ids, env, new_stack, project, sim, sim_values,
-    with_minilb)
+    NODES, ROUTER_API_KEY, Events, container_ids, env, kimipd, new_stack, project, sim,
+    sim_values, with_minilb)
 from tests.integration.sim import SimCluster
 
 pytestmark = pytest.mark.timeout(1800)
@@ -299,6 +299,22 @@ def test_2p2d_answers_a_stranger_only_at_the_door_and_keeps_the_key_hidden(
     assert state_files
     for path in state_files:
         assert ROUTER_API_KEY.encode() not in path.read_bytes(), path
+
+
+def test_status_finds_a_table_someone_deleted_and_its_fix_puts_it_back(
+        stack: auto.Stack, project: Project, sim: SimCluster) -> None:
+    """`pulumi refresh` cannot see a flushed table (a command has no read); `kimipd status` can,
+    and the command it prints puts the table back."""
+    sim.ssh("10.231.60.4", f"nft delete table inet {TABLE}")
+    result = kimipd(project, "security", "status", "--json")
+    report = json.loads(result.stdout)
+    assert result.returncode == 1 and report["firewall"]["10.231.60.4"] == "missing", report
+    (note,) = [n for n in report["notes"] if n.startswith("firewall:")]
+    urn = note.split("--replace ", 1)[1].strip("'")
+    stack.up(replace=[urn])
+    assert sim.ssh("10.231.60.4", f"nft list table inet {TABLE}").returncode == 0
+    result = kimipd(project, "security", "status", "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_destroy_removes_every_table_and_leaves_the_operators(

@@ -205,6 +205,37 @@ def test_a_dead_node_costs_its_own_rows_not_the_table(cluster: LoopbackCluster) 
     assert all(row.ok for row in by_role.values())
 
 
+def test_a_node_whose_firewall_table_is_gone_is_degraded_and_says_how_to_put_it_back(
+        cluster: LoopbackCluster) -> None:
+    outputs = cluster.outputs() | {"firewall": {"enabled": True, "table": "inet kimipd_31000"}}
+    topology = Topology.from_outputs("loopback", outputs)
+    node = topology.nodes[0]
+    every = LocalNodes(cluster.containers())
+    report = collect(topology, every, Prober(every, 3.0), 3.0, generate_timeout=30)
+    assert report.exit_code == OK, report.notes
+    assert report.firewall == dict.fromkeys(topology.nodes, "present")
+    assert ("nft list table inet kimipd_31000 >/dev/null" in
+            {command for _, command in every.commands})
+    gone = LocalNodes(cluster.containers(), without_firewall={node})
+    report = collect(topology, gone, Prober(gone, 3.0), 3.0, generate_timeout=30)
+    assert report.exit_code == DEGRADED and report.firewall[node] == "missing"
+    assert all(row.ok for row in report.rows)  # the containers are fine; the node is open
+    (note,) = [n for n in report.notes if n.startswith("firewall:")]
+    assert note == (
+        f"firewall: table inet kimipd_31000 is missing on {node}, so any host reaches every port "
+        "there; put it back: pulumi up --replace 'urn:pulumi:loopback::kimipd::kimipd:cluster:"
+        "Cluster$kimipd:node:Node$kimipd:firewall:NodeFirewall$command:remote:Command::node-"
+        f"{node.replace('.', '-')}-nftables'")
+    assert report.as_json()["firewall"][node] == "missing"
+
+
+def test_no_firewall_output_no_firewall_check(cluster: LoopbackCluster) -> None:
+    nodes = LocalNodes(cluster.containers(), without_firewall=set(cluster.outputs()["nodes"]))
+    report = status(cluster, nodes)
+    assert report.exit_code == OK and report.firewall == {}
+    assert not [command for _, command in nodes.commands if command.startswith("nft")]
+
+
 def test_a_killed_decode_rank_shows_in_its_row_and_exits_1(cluster: LoopbackCluster) -> None:
     victim = cluster.decode.procs[1]
     victim.popen.kill()
