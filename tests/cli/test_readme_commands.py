@@ -181,13 +181,15 @@ def test_preview_diff_of_a_decode_only_edit_shows_the_flag_on_the_decode_ranks_o
         f"containers in the diff: {sorted(replaced_containers)}"
     assert {op for _, op, _ in changed.values()} == {"replace"}, \
         {name: op for name, (_, op, _) in changed.items()}
+    # The rust router (stack sim): decode is drained before its ranks go and admitted after
+    # its gate, and the router's readiness and the smoke test run again.
     assert set(changed) == set(DECODE_CONTAINERS) | {f"{r}-health" for r in DECODE_RANKS} | {
-        "smoke-test-generate"}
+        "smoke-test-generate", "decode-drain", "decode-admit", "router-every-group-healthy"}
     for container, rank in DECODE_CONTAINERS.items():
         block = changed[container][2]
         assert re.search(rf'~ \[\d+\]: "{old}" => "{new}"', block), f"{rank}: the flag's change is not shown:\n{block}"
         assert "~ command" in block and "~ envs" not in block and "~ image" not in block, block
-    assert re.fullmatch(r"Resources:\s+\+-9 to replace\s+\d+ unchanged", resources_line(output)), output[-2000:]
+    assert re.fullmatch(r"Resources:\s+\+-12 to replace\s+\d+ unchanged", resources_line(output)), output[-2000:]
 
 
 def test_the_workflow_preview_step_posts_a_summary_of_a_decode_only_edit(cli: Cli) -> None:
@@ -205,7 +207,11 @@ def test_the_workflow_preview_step_posts_a_summary_of_a_decode_only_edit(cli: Cl
     for rank, node in zip(sorted(DECODE_RANKS), NODES[4:]):
         assert f"**{rank}** on {node} (`kimipd-{rank}`), replace:" in summary
     assert summary.count(f"| flag `--max-running-requests` | `{old}` | `{int(old) // 2}` |") == 4
-    assert "prefill" not in summary and "router" not in summary and "mooncake-master" not in summary
+    assert "prefill" not in summary and "mooncake-master" not in summary
+    # The rust router stays (stack sim): only its readiness check runs again, after decode's
+    # drain and admission.
+    assert "container `kimipd-router`" not in summary
+    assert "command `router-every-group-healthy` | replace |" in summary
     shutil.copy(checkout / "preview.json", cli.work / "decode.json")
 
 
@@ -223,10 +229,12 @@ def test_review_of_a_decode_only_edit(cli: Cli) -> None:
         assert change.op == "replace" and change.node == NODES[4 + int(rank[-1])]
         assert [(i.kind, i.name) for i in change.inputs] == [("flag", "--max-running-requests")], change.inputs
     waves = [{c.name for c in wave} for wave in order(found)]
-    # Ranks >= 1 carry rank 0's id: they are created after it.
+    # Ranks >= 1 carry rank 0's id: they are created after it; then the gate and the new drain
+    # (the rust router's, whose delete ran first), the admission, the router's readiness and the
+    # smoke test.
     rank0, *others = sorted(DECODE_CONTAINERS)
-    assert waves == [{rank0}, set(others), {f"{r}-health" for r in DECODE_RANKS},
-                     {"smoke-test-generate"}]
+    assert waves == [{rank0}, set(others), {"decode-drain", *(f"{r}-health" for r in DECODE_RANKS)},
+                     {"decode-admit"}, {"router-every-group-healthy"}, {"smoke-test-generate"}]
     markdown = render(preview)
     assert "1. replace decode-r0 (10.231.60.5)\n2. replace decode-r1 (10.231.60.6), " \
            "replace decode-r2 (10.231.60.7), replace decode-r3 (10.231.60.8)\n" in markdown
@@ -247,7 +255,10 @@ def test_review_of_an_image_change(cli: Cli) -> None:
     position = {name: i for i, wave in enumerate(waves) for name in wave}
     assert position["node-10-231-60-1-image"] < position["mooncake-master"] \
         < position["node-10-231-60-1-prefill"] < position["node-10-231-60-5-decode"] \
-        < position["router"] < position["smoke-test-generate"]
+        < position["smoke-test-generate"]
+    # The rust router (stack sim) starts with the nodes, not after decode.
+    assert position["node-10-231-60-5-image"] < position["router"] \
+        < position["smoke-test-generate"]
     markdown = render(preview)
     assert "| 10.231.60.5 | router | container `kimipd-router` | replace |" in markdown
     assert "| input `image` |" in markdown
