@@ -23,14 +23,23 @@ def firewall_table(cfg: ClusterConfig) -> str:
 
 
 def _by_family(networks: list[str]) -> tuple[list[str], list[str]]:
-    v4, v6 = [], []
-    for network in networks:
-        parsed = ipaddress.ip_network(network, strict=False)
-        # A host as its address (as nft lists it back), a network as a prefix.
-        shown = (str(parsed.network_address) if parsed.prefixlen == parsed.max_prefixlen
-                 else str(parsed))
-        (v4 if parsed.version == 4 else v6).append(shown)
-    return v4, v6
+    """Each family's networks, those inside another one left out (nft refuses overlapping
+    intervals in one set), in the order given; a host as its address (as nft lists it back), a
+    network as a prefix."""
+    parsed = list(dict.fromkeys(ipaddress.ip_network(network, strict=False)
+                                for network in networks))
+    families: tuple[list[str], list[str]] = ([], [])
+    for network in parsed:
+        # Same family: address and mask compared as integers (subnet_of wants matching types).
+        if any(other != network and other.version == network.version
+               and int(other.netmask) & int(network.network_address)
+               == int(other.network_address) and other.prefixlen <= network.prefixlen
+               for other in parsed):
+            continue
+        shown = (str(network.network_address) if network.prefixlen == network.max_prefixlen
+                 else str(network))
+        families[0 if network.version == 4 else 1].append(shown)
+    return families
 
 
 def _elements(items: list[str] | list[int]) -> str:

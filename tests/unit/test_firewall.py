@@ -64,7 +64,13 @@ def test_monitoring_hosts_reach_the_metrics_ports_of_each_node(pro6000: dict) ->
 @pytest.mark.skipif(shutil.which("nft") is None, reason="nft (Debian nftables) not installed")
 def test_nft_accepts_every_rendered_table(pro6000: dict) -> None:
     """`nft -c` parses the script as the node's nft would, without touching this machine."""
-    pro6000["firewall"] = {"monitoringHosts": ["10.9.0.7", "fd00::7"], "openPorts": [9100]}
+    pro6000["firewall"] = {"monitoringHosts": ["10.9.0.7", "fd00::7", "10.9.0.0/24"],
+                           "clientNetworks": ["0.0.0.0/0", "10.0.0.0/8", "::/0"],
+                           "openPorts": [9100]}
+    # A network inside another of the list is left out: nft refuses conflicting intervals.
+    door = rules(load_cluster_config(pro6000), "174.1.60.5")
+    assert "ip saddr { 0.0.0.0/0 } tcp dport 31000 accept" in door
+    assert "ip saddr { 10.9.0.0/24 } tcp dport { 29000, 30000 } accept" in door
     sim_2p2d = stack_values("sim-2p2d") | {"image": "10.231.60.254:5000/kimipd/sim-node@sha256:"
                                            + "a" * 64}
     for values in (pro6000, sim_2p2d):
