@@ -15,6 +15,8 @@ import json
 import subprocess
 import sys
 import textwrap
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -315,6 +317,41 @@ def test_status_finds_a_table_someone_deleted_and_its_fix_puts_it_back(
     assert sim.ssh("10.231.60.4", f"nft list table inet {TABLE}").returncode == 0
     result = kimipd(project, "security", "status", "--json")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def generate_status(key: str) -> int:
+    """POST /generate through the door from this machine with KEY; the HTTP status."""
+    body = json.dumps({"text": "rotate", "sampling_params": {"max_new_tokens": 2}}).encode()
+    request = urllib.request.Request(f"http://{ROUTER_NODE}:{ROUTER_PORT}/generate", data=body,
+                                     headers={"Content-Type": "application/json",
+                                              "Authorization": f"Bearer {key}"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status
+    except urllib.error.HTTPError as failure:
+        return failure.code
+
+
+def test_a_rotated_key_replaces_every_key_file_and_the_old_key_stops_working(
+        stack: auto.Stack, sim: SimCluster) -> None:
+    """docs/security.md, Rotating the key: one `up` restarts the router and every group with
+    the new key; the old one is refused at the door."""
+    new_key = "kimipd-test-rotated-key"
+    before = container_ids(sim)
+    stack.set_config("kimipd:routerApiKey", auto.ConfigValue(value=new_key, secret=True))
+    try:
+        events = Events()
+        stack.up(on_event=events)
+        replaced = {name for name in events.changed() if name.endswith("-sglang-api-key")}
+        assert len(replaced) == len(NODES), events.changed()
+        after = container_ids(sim)
+        assert set(after) == set(before) and not set(after.values()) & set(before.values())
+        assert (generate_status(ROUTER_API_KEY), generate_status(new_key)) == (401, 200)
+        key_file = sim.ssh("10.231.60.7", "cat /opt/kimipd/keys-31000/sglang.yaml")
+        assert new_key in key_file.stdout and ROUTER_API_KEY not in key_file.stdout
+    finally:
+        stack.set_config("kimipd:routerApiKey",
+                         auto.ConfigValue(value=ROUTER_API_KEY, secret=True))
 
 
 def test_destroy_removes_every_table_and_leaves_the_operators(
