@@ -30,5 +30,8 @@ class NodeFirewall(pulumi.ComponentResource):
             update=apply,
             delete=firewall_remove_command(cfg),
             stdin=firewall_ruleset(cfg, address),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=list(wait_for)))
+            # Replaced (`pulumi up --replace`, what `kimipd status` prints for a lost table): the
+            # old one's delete removes the table, so it must run before the new one applies it.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(wait_for),
+                                        delete_before_replace=True))
         self.register_outputs({})

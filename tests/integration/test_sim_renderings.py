@@ -37,6 +37,7 @@ from components.render import (
     wait_healthy_command,
 )
 from tests.conftest import stack_values
+from tests.integration.engine import with_minilb
 from tests.integration.sim import SimCluster, start_sim, stop_sim
 
 pytestmark = pytest.mark.timeout(1800)
@@ -133,8 +134,15 @@ def sim() -> Iterator[SimCluster]:
     stop_sim(cluster)
 
 
+def runbook_values() -> dict:
+    """Stack sim with the runbook's MiniLB: this module starts the containers by hand in the
+    runbook's order, router last; the rust router's key files and memberships are the program's
+    (test_security.py, test_rollout.py)."""
+    return with_minilb(copy.deepcopy(stack_values("sim")))
+
+
 def sim_config(sim: SimCluster, **changes) -> ClusterConfig:
-    values = copy.deepcopy(stack_values("sim"))
+    values = runbook_values()
     values["image"] = sim.image
     for key, value in changes.items():
         values[key] = value
@@ -175,7 +183,7 @@ def test_preflight_passes_on_every_sim_node(sim: SimCluster) -> None:
 
 
 def test_preflight_failure_names_node_and_check(sim: SimCluster) -> None:
-    values = copy.deepcopy(stack_values("sim"))
+    values = runbook_values()
     values["network"]["computeInterface"] = "bond7"
     config = load_cluster_config(values)
     result = sim.ssh("10.231.60.3", preflight_command(
@@ -252,7 +260,7 @@ def test_mooncake_master_is_the_real_one_and_pid_1(deployed) -> None:
 
 def test_installing_at_container_start_gives_the_master_only_the_mooncake_wheel(
         sim: SimCluster) -> None:
-    values = copy.deepcopy(stack_values("sim"))
+    values = runbook_values()
     values |= {"image": sim.image, "installNodeFiles": "container-start"}
     deployment = Deployment(sim, load_cluster_config(values))
     master = mooncake_master_plan(deployment.config)
@@ -273,7 +281,7 @@ def test_installing_at_container_start_gives_the_master_only_the_mooncake_wheel(
 def test_the_launch_check_refuses_the_images_old_mooncake(sim: SimCluster) -> None:
     """An operator who declares the image fixed (imageMooncakeVersion) and ships no wheel: the
     image really has 0.3.11.post1, and the rank refuses to start, naming it."""
-    values = copy.deepcopy(stack_values("sim"))
+    values = runbook_values()
     values["image"] = sim.image
     values["nodeFiles"] = [f for f in values["nodeFiles"] if "mooncake" not in f["destination"]]
     values["imageMooncakeVersion"] = "0.3.12.post1"
@@ -297,7 +305,7 @@ def test_the_prepared_image_refuses_the_images_old_mooncake_before_anything_star
         sim: SimCluster) -> None:
     """The same mistake with installNodeFiles: image: node preparation fails, naming the
     release, and no image is tagged (so no container could run it)."""
-    values = copy.deepcopy(stack_values("sim"))
+    values = runbook_values()
     values["image"] = sim.image
     values["nodeFiles"] = [f for f in values["nodeFiles"] if "mooncake" not in f["destination"]]
     values["imageMooncakeVersion"] = "0.3.12.post1"
@@ -315,7 +323,7 @@ def test_the_prepared_image_refuses_the_images_old_mooncake_before_anything_star
 
 def test_a_prefill_rank_dying_while_loading_fails_its_gate_with_its_log(sim: SimCluster) -> None:
     """Rank 2, not rank 0: its own check names its node and container."""
-    values = copy.deepcopy(stack_values("sim"))
+    values = runbook_values()
     values["image"] = sim.image
     values["groups"]["prefill"]["env"] = {"SGLANG_STANDIN_EXIT_WHILE_LOADING": "2"}
     values["gates"] = {"timeoutSeconds": 60, "intervalSeconds": 1}

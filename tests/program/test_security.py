@@ -72,6 +72,7 @@ def test_every_node_has_a_firewall_before_any_container(run: Run) -> None:
     for address in NODES:
         rules = run.named(f"{node_name(address)}-nftables")
         assert rules.inputs["create"] == rules.inputs["update"]
+        assert rules.delete_before_replace  # a replacement's delete removes the table
         assert rules.inputs["delete"].endswith("nft delete table inet kimipd_31000; fi")
         assert "\ntable inet kimipd_31000\n" in rules.inputs["stdin"]
         assert run.waits_for(rules, run.named(f"{node_name(address)}-preflight"))
