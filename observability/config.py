@@ -89,6 +89,10 @@ class AlertsSpec(Model):
     rank_down_for_seconds: int = Field(default=30, ge=0)
     no_healthy_worker_for_seconds: int = Field(default=30, ge=0)
     mooncake_master_down_for_seconds: int = Field(default=60, ge=0)
+    # The door (router.door): one slot out of service, and none (observability/rules.py says why
+    # these lengths).
+    door_slot_down_for_seconds: int = Field(default=60, ge=0)
+    door_no_slot_up_for_seconds: int = Field(default=15, ge=0)
     stalled_for_seconds: int = Field(default=120, ge=0)
     ttft_for_seconds: int = Field(default=300, ge=0)
     # Unset: derived from the serving stack's kimipd:verification baseline (its `verification`

@@ -94,12 +94,18 @@ def alertmanager_yaml(cfg: ObservabilityConfig) -> str:
         "receivers": [{"name": RECEIVER, "webhook_configs": [
             {"url": am.receiver_url, "send_resolved": True}]}],
         # One page per fault: a rank's own target-down is implied by its group's rank-down, the
-        # Mooncake master's by its own alert.
+        # Mooncake master's by its own alert, a slot router's by its slot down at the door, and
+        # each slot down by the door having none up.
         "inhibit_rules": [
             {"source_matchers": ["alertname=KimipdGroupRankDown"],
              "target_matchers": ["alertname=KimipdTargetDown"], "equal": ["stack", "group"]},
             {"source_matchers": ["alertname=KimipdMooncakeMasterDown"],
              "target_matchers": ["alertname=KimipdTargetDown"], "equal": ["stack", "role"]},
+            {"source_matchers": ["alertname=KimipdDoorSlotDown"],
+             "target_matchers": ["alertname=KimipdTargetDown", "role=router"],
+             "equal": ["stack", "slot"]},
+            {"source_matchers": ["alertname=KimipdDoorNoSlotUp"],
+             "target_matchers": ["alertname=KimipdDoorSlotDown"], "equal": ["stack"]},
         ],
     }
     return yaml.safe_dump(document, sort_keys=False)

@@ -10,7 +10,13 @@ role, node, and for SGLang ranks group, mode, rank):
   30 s, managers/scheduler_components/metrics_reporter.py);
 - sglang-router 0.3.2 with `--prometheus-port` (router.kind rust): `smg_worker_health{worker=URL}`
   (1 healthy, 0 not). It carries no worker type, so a worker is matched to its group by URL,
-  which is the group's rank-0 target address.
+  which is the group's rank-0 target address. Behind a door each slot's router is a target of
+  its own (role router, `slot` a or b), so every router rule is per slot;
+- the door (router.door): HAProxy 2.6.12's built-in exporter (role door), seen first-hand on
+  Debian 12's package: `haproxy_server_status{proxy="slots", server="slot-a", state=S}`, 1 for
+  the server's one current state S of UP, DOWN, DRAIN, MAINT, NOLB (a drained server whose checks
+  fail shows DOWN), and `haproxy_backend_active_servers{proxy="slots"}`, the servers UP with a
+  non-zero weight (a drained one does not count): 0 and the door answers every request 503.
 MiniLB serves no metrics: for it, "no healthy worker of a mode" is judged from the scrapes of
 the groups themselves (KimipdNoServingGroup), which also holds for the rust router.
 """
@@ -25,6 +31,7 @@ from .config import AlertsSpec
 
 JOB = "kimipd"
 RULES_FILE = "kimipd.rules.yml"
+MODES = ("prefill", "decode")
 
 
 def duration(seconds: float) -> str:
@@ -50,8 +57,23 @@ def recording_rules(alerts: AlertsSpec) -> list[dict[str, str]]:
          "expr": (f'label_replace(smg_worker_health{{job="{JOB}"}}, "instance", "$1", "worker", '
                   '"https?://([^/]+)/?") * on (stack, instance) group_left (group, mode) '
                   "kimipd:group_worker:info")},
+        # Per router: behind a door a slot whose router lost its decode workers is not saved by
+        # the other slot's (no `slot` label without a door).
         {"record": "kimipd:router_healthy_workers:sum",
-         "expr": "sum by (stack, mode) (kimipd:router_worker_health:by_group)"},
+         "expr": "sum by (stack, slot, mode) (kimipd:router_worker_health:by_group)"},
+        # Each router that answers its scrape, once per mode that has a group: it should list a
+        # worker of each. PromQL joins no many (slots) to many (modes), so the modes are spelled.
+        {"record": "kimipd:router_expected_mode:info",
+         "expr": "(" + " or ".join(
+             f'label_replace(group by (stack, slot) (up{{job="{JOB}", role="router"}} == 1), '
+             f'"mode", "{mode}", "", "")' for mode in MODES)
+                 + ") and on (stack, mode) kimipd:group_worker:info"},
+        # The door's view of each slot: 1 while UP (it takes new requests), 0 while DOWN (its
+        # /readiness checks fail, drained or not), DRAIN, MAINT or NOLB; `slot` from the server
+        # name, as the slot routers' targets carry it.
+        {"record": "kimipd:door_slot_up:bool",
+         "expr": (f'label_replace(sum without (state) (haproxy_server_status{{job="{JOB}", '
+                  'proxy="slots", state="UP"}), "slot", "$1", "server", "slot-(.+)")')},
         {"record": "kimipd:ttft_seconds:quantile",
          "expr": (f"histogram_quantile({alerts.ttft_quantile:g}, sum by (stack, group, mode, le) "
                   f'(rate(sglang:time_to_first_token_seconds_bucket{{job="{JOB}"}}'
@@ -64,7 +86,7 @@ def recording_rules(alerts: AlertsSpec) -> list[dict[str, str]]:
 
 
 def alert_rules(alerts: AlertsSpec, ttft_seconds: float, ttft_source: str) -> list[dict[str, Any]]:
-    """Each alert: a templated `summary` (what, where) and a fixed `action` (what to run)."""
+    """Each alert: a templated `summary` (what, where) and an `action` (what to run)."""
     def alert(name: str, expr: str, for_seconds: float, severity: str, summary: str,
               action: str) -> dict[str, Any]:
         return {"alert": name, "expr": expr, "for": duration(for_seconds),
@@ -81,14 +103,20 @@ def alert_rules(alerts: AlertsSpec, ttft_seconds: float, ttft_source: str) -> li
               "{{ $labels.mode }} group {{ $labels.group }}: {{ $value }} rank(s) up, not all",
               # A lone rank cannot rejoin its NCCL group: the whole group is replaced.
               "pulumi up --refresh on the serving stack (replaces the whole group)"),
+        # Per router (slot); not for a slot the door sends nothing (down, drained, in
+        # maintenance): a slot being replaced lists no worker until it is registered again, and
+        # a slot out of the door costs no request while the other serves (KimipdDoorSlotDown,
+        # KimipdDoorNoSlotUp say so).
         alert("KimipdRouterNoHealthyWorker",
-              "(kimipd:router_healthy_workers:sum == 0 or 0 * count by (stack, mode) "
-              "(kimipd:group_worker:info) unless on (stack, mode) "
-              "kimipd:router_healthy_workers:sum) and on (stack) "
-              f'(up{{job="{JOB}", role="router"}} == 1)',
+              "(kimipd:router_healthy_workers:sum == 0 or (0 * kimipd:router_expected_mode:info "
+              "unless on (stack, slot, mode) kimipd:router_healthy_workers:sum)) "
+              f'and on (stack, slot) (up{{job="{JOB}", role="router"}} == 1) '
+              "unless on (stack, slot) (kimipd:door_slot_up:bool == 0)",
               alerts.no_healthy_worker_for_seconds, "critical",
-              "the router of {{ $labels.stack }} has no healthy {{ $labels.mode }} worker",
-              "every request fails; see the groups' alerts and scripts/kimipd status"),
+              "the router of {{ $labels.stack }}{{ if $labels.slot }} in slot "
+              "{{ $labels.slot }}{{ end }} has no healthy {{ $labels.mode }} worker",
+              "every request {{ if $labels.slot }}the door sends it {{ end }}fails; see the "
+              "groups' alerts and scripts/kimipd status"),
         alert("KimipdNoServingGroup",
               "sum by (stack, mode) (kimipd:group_all_ranks_up:bool) == 0",
               alerts.no_healthy_worker_for_seconds, "critical",
@@ -107,6 +135,31 @@ def alert_rules(alerts: AlertsSpec, ttft_seconds: float, ttft_source: str) -> li
               "decode group {{ $labels.group }} generates nothing while requests wait",
               "hung rather than idle (KV transfer, NCCL): scripts/kimipd logs, then restart the "
               "group (restartGeneration)"),
+        # A slot not UP at the door: nothing fails while the other serves, but there is no spare.
+        # The door itself turns a slot DOWN or UP only after 2 checks in a row (fall 2, rise 2 at
+        # healthCheckIntervalMs, 500 ms), so a flap never reaches here; 60 s outlasts a planned
+        # replacement of a slot (drained while its requests finish, then stopped, started,
+        # registered with every group and 2 checks passed: seconds beyond the longest request)
+        # while a slot that died, or that an `up` left drained, is reported within a minute. A
+        # drain of requests longer than that fires it during the `up`: a slot out that long is a
+        # minute without a spare.
+        alert("KimipdDoorSlotDown", "kimipd:door_slot_up:bool == 0",
+              alerts.door_slot_down_for_seconds, "warning",
+              "slot {{ $labels.slot }} of {{ $labels.stack }} is not UP at the door (down, "
+              "drained or in maintenance): the other slot serves alone",
+              "scripts/kimipd status -s {{ $labels.stack }} (the door's view of each slot, each "
+              "group in each slot); scripts/kimipd logs -s {{ $labels.stack }} --role door "
+              "--role router-{{ $labels.slot }}; scripts/kimipd reconcile heals a dead slot"),
+        # No slot UP: every request fails now (the door answers 503). A planned change keeps a
+        # slot ready at every moment, so this is never a rollout's step; 15 s is two scrapes in a
+        # row at the default 15 s interval, so one odd sample does not page.
+        alert("KimipdDoorNoSlotUp",
+              f'haproxy_backend_active_servers{{job="{JOB}", proxy="slots"}} == 0',
+              alerts.door_no_slot_up_for_seconds, "critical",
+              "the door of {{ $labels.stack }} has no slot UP: every request fails (503)",
+              "scripts/kimipd status -s {{ $labels.stack }}; scripts/kimipd logs -s "
+              "{{ $labels.stack }} --role door --role router; see the groups' and the routers' "
+              "alerts"),
         alert("KimipdMooncakeMasterDown",
               f'up{{job="{JOB}", role="mooncake-master"}} == 0 or '
               f'absent(up{{job="{JOB}", role="mooncake-master"}})',

@@ -185,10 +185,15 @@ def test_alertmanager_sends_every_alert_to_the_webhook() -> None:
     assert document["route"]["group_wait"] == "0s"
     assert document["receivers"][0]["webhook_configs"] == [
         {"url": "http://10.231.60.254:18093/kimipd-alerts", "send_resolved": True}]
-    inhibited = {(rule["source_matchers"][0], tuple(rule["equal"]))
-                 for rule in document["inhibit_rules"]}
-    assert inhibited == {("alertname=KimipdGroupRankDown", ("stack", "group")),
-                         ("alertname=KimipdMooncakeMasterDown", ("stack", "role"))}
+    inhibited = {(rule["source_matchers"][0], tuple(rule["target_matchers"]),
+                  tuple(rule["equal"])) for rule in document["inhibit_rules"]}
+    assert inhibited == {
+        ("alertname=KimipdGroupRankDown", ("alertname=KimipdTargetDown",), ("stack", "group")),
+        ("alertname=KimipdMooncakeMasterDown", ("alertname=KimipdTargetDown",), ("stack", "role")),
+        # A slot router's own target-down is its slot down at the door, both down none up.
+        ("alertname=KimipdDoorSlotDown", ("alertname=KimipdTargetDown", "role=router"),
+         ("stack", "slot")),
+        ("alertname=KimipdDoorNoSlotUp", ("alertname=KimipdDoorSlotDown",), ("stack",))}
 
 
 def test_alertmanager_accepts_its_config(tmp_path: Path) -> None:
