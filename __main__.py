@@ -10,6 +10,7 @@ from components.config import ConfigError, config_warnings, load_cluster_config
 from components.host_keys import resolve_host_keys
 from components.stack_config import (
     check_stack_secrets,
+    door_tls_key,
     router_api_key,
     ssh_private_key,
     stack_config_values,
@@ -27,11 +28,13 @@ try:
     digests = verify_node_file_sources(config.node_files, Path.cwd())
     host_keys = resolve_host_keys(config)
     api_key = router_api_key(config)
+    tls_key = door_tls_key(config)
 except ConfigError as error:
     raise pulumi.RunError(str(error)) from None
 for warning in config_warnings(config):
     pulumi.log.warn(warning)
 
-cluster = Cluster("kimi-k3-pd", config, ssh_private_key(), digests, host_keys, api_key)
+cluster = Cluster("kimi-k3-pd", config, ssh_private_key(), digests, host_keys, api_key,
+                  tls_key)
 for key, value in cluster.outputs.items():
     pulumi.export(key, value)

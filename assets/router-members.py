@@ -9,8 +9,13 @@
   ready   --expect URL ...                   /readiness and every URL registered and healthy
   restore                                    a new router: register every group that should
                                              serve and is not out for its replacement
+  slot-want    --slot S                      slot S should serve behind the door (a marker)
+  slot-unwant  --slot S                      slot S is leaving (the stack is destroyed)
+  slot-drain   --slot S --other O --door-socket F --drain-timeout S
+  slot-admit   --slot S --door-socket F [--expect URL ...] [--mini-lb]
 
-Common: --router URL (loopback) --api-key-file F --state-dir D --timeout S --interval S.
+Common: --router URL (loopback; repeated: every slot) --api-key-file F --state-dir D
+--timeout S --interval S.
 
 sglang-router 0.3.2's worker API: POST /workers {url, worker_type, bootstrap_port} queues a job
 that probes the worker until healthy; GET /workers lists id, url, worker_type, is_healthy; DELETE
@@ -25,6 +30,14 @@ together cannot both see the other as the healthy one.
 A replaced router starts with no worker; `restore` gives it at once every group that is running
 and not drained (the markers name them), so a change that replaces the router and every group
 (an image, restartGeneration) still rolls the groups behind a router that serves.
+
+With the door (HAProxy) there are two routers, the slots, and a group is registered with both:
+drain removes it from every slot that answers, once each of them has a healthy peer; admit
+registers it with every slot that answers. The slot lease (lease-slot) rolls the slots one at a
+time: slot-drain takes it once the other slot is up at the door, sets its own server to drain
+there (no new request; the runtime API) and waits for its open requests; slot-admit registers
+every group, waits for /readiness, sets the server ready, waits until the door's health check
+sees it up, and gives the lease back.
 """
 
 from __future__ import annotations
@@ -33,6 +46,7 @@ import argparse
 import fcntl
 import json
 import os
+import socket
 import sys
 import time
 import urllib.error
@@ -45,15 +59,18 @@ def log(message: str) -> None:
 
 
 class Router:
-    def __init__(self, url: str, key_file: str) -> None:
+    def __init__(self, url: str, key_file: str | None) -> None:
         self.url = url.rstrip("/")
-        with open(key_file, encoding="utf-8") as stream:
-            self.key = stream.read().strip()
+        self.key = ""
+        if key_file:
+            with open(key_file, encoding="utf-8") as stream:
+                self.key = stream.read().strip()
 
     def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, object]:
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(self.url + path, data=data, method=method)
-        request.add_header("Authorization", f"Bearer {self.key}")
+        if self.key:
+            request.add_header("Authorization", f"Bearer {self.key}")
         if data is not None:
             request.add_header("Content-Type", "application/json")
         try:
@@ -75,6 +92,56 @@ class Router:
         if status != 200 or not isinstance(body, dict):
             return None
         return list(body.get("workers") or [])
+
+
+class Door:
+    """HAProxy's runtime API on its admin socket (the door's backend `slots`)."""
+
+    BACKEND = "slots"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def ask(self, line: str) -> str | None:
+        """One command; None when the door does not answer (not there, or being replaced)."""
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+                conn.settimeout(5)
+                conn.connect(self.path)
+                conn.sendall(line.encode() + b"\n")
+                chunks = []
+                while True:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+        except OSError:
+            return None
+        return b"".join(chunks).decode(errors="replace")
+
+    def servers(self) -> dict[str, dict[str, str]] | None:
+        """server -> its `show stat` row (status: UP, DOWN, MAINT, DRAIN, "UP 1/2", ...)."""
+        text = self.ask("show stat")
+        if not text or not text.startswith("# "):
+            return None
+        lines = text[2:].strip().splitlines()
+        header = lines[0].split(",")
+        rows = {}
+        for line in lines[1:]:
+            row = dict(zip(header, line.split(",")))
+            if row.get("pxname") == self.BACKEND and row.get("svname") not in ("BACKEND",
+                                                                               "FRONTEND"):
+                rows[row["svname"]] = row
+        return rows
+
+    def set_state(self, server: str, state: str) -> None:
+        answer = self.ask(f"set server {self.BACKEND}/{server} state {state}")
+        if answer is None:
+            raise SystemExit(f"router-members: the door's admin socket {self.path} does not "
+                             f"answer; cannot set {server} {state}")
+        if answer.strip():
+            raise SystemExit(f"router-members: the door refused `set server {self.BACKEND}/"
+                             f"{server} state {state}`: {answer.strip()}")
 
 
 def worker_body(router: Router, url: str, mode: str) -> dict:
@@ -170,12 +237,26 @@ def remove_from_router(router: Router, url: str) -> int:
     for worker in registered(workers, url):
         status, body = router.call("DELETE", f"/workers/{worker['id']}")
         if status not in (200, 202, 204, 404):
-            raise SystemExit(f"router-members: DELETE /workers/{worker['id']} ({url}) answered "
-                             f"HTTP {status}: {body}")
+            raise SystemExit(f"router-members: DELETE {router.url}/workers/{worker['id']} "
+                             f"({url}) answered HTTP {status}: {body}")
     return len(registered(workers, url))
 
 
-def drain(args, router: Router, state: State) -> int:
+def routers_said(count: int) -> str:
+    return "the router" if count == 1 else f"{count} routers"
+
+
+def answering(routers: list[Router]) -> list[tuple[Router, list[dict]]]:
+    """Every router (slot) that answers GET /workers, with its workers."""
+    found = []
+    for router in routers:
+        workers = router.workers()
+        if workers is not None:
+            found.append((router, workers))
+    return found
+
+
+def drain(args, routers: list[Router], state: State) -> int:
     group, mode, url = args.group, args.mode, args.url
     desired = state.desired()
     peers_desired = sorted(g for g, m in desired.items() if m == mode and g != group)
@@ -186,33 +267,38 @@ def drain(args, router: Router, state: State) -> int:
     last_said, said_at, reason_since = "", 0.0, start
     while True:
         with state.locked():
-            workers = router.workers()
-            if workers is None and not rolling:
-                log(f"{group}: the router does not answer GET /workers; nothing to drain")
+            live = answering(routers)
+            if not live and not rolling:
+                log(f"{group}: no router answers GET /workers; nothing to drain")
                 return 0
             held = state.lease(mode)
             waiting_for, holder_out = None, False
-            if rolling and workers is None:
+            if rolling and not live:
                 # Being replaced itself: the new one gets the serving groups (restore) first.
-                waiting_for = "the router does not answer GET /workers (being replaced?)"
+                waiting_for = "no router answers GET /workers (being replaced?)"
             elif rolling:
                 holder_out = bool(held and held[0] != group and held[0] in desired)
-                peers = healthy_peers(workers, mode, url)
+                # Every router that serves keeps a healthy group of this mode.
+                lonely = [router.url for router, workers in live
+                          if not healthy_peers(workers, mode, url)]
                 if holder_out:
                     waiting_for = (f"{held[0]} holds the {mode} rollout lease (drained "
                                    f"{time.time() - held[1]:.0f}s ago for its replacement, not "
                                    "yet re-admitted)")
-                elif not peers:
-                    waiting_for = (f"no other {mode} group is registered and healthy "
-                                   f"({', '.join(peers_desired)} should be)")
+                elif lonely:
+                    waiting_for = (f"no other {mode} group is registered and healthy in "
+                                   f"{', '.join(lonely)} ({', '.join(peers_desired)} should be)")
                 else:
                     state.take_lease(mode, group)
             if waiting_for is None:
-                removed = remove_from_router(router, url)
-                how = (f"lease taken; {', '.join(healthy_peers(workers, mode, url))} keep serving"
-                       if rolling else "no other group of its mode to keep serving"
+                removed = sum(remove_from_router(router, url) for router, _ in live)
+                how = ("lease taken; " + ", ".join(sorted({peer for _, workers in live for peer
+                                                          in healthy_peers(workers, mode, url)}))
+                       + " keep serving" if rolling
+                       else "no other group of its mode to keep serving"
                        if group in desired else "leaving the config")
-                log(f"{group}: removed {removed} registration(s) of {url} from the router ({how})")
+                log(f"{group}: removed {removed} registration(s) of {url} from "
+                    f"{routers_said(len(live))} ({how})")
                 break
         now = time.monotonic()
         elapsed = now - start
@@ -233,10 +319,11 @@ def drain(args, router: Router, state: State) -> int:
             log(f"{group}: waiting: {waiting_for}")
             last_said, said_at = reason, elapsed
         time.sleep(args.interval)
-    # In-flight requests: the router sends nothing new, the worker finishes what it has.
+    # In-flight requests: the routers send nothing new, the worker finishes what it has.
+    key = routers[0].key
     deadline = time.monotonic() + args.drain_timeout
     while True:
-        running = running_requests(url, router.key)
+        running = running_requests(url, key)
         if not running:
             log(f"{group}: drained ({'no requests running' if running == 0 else 'not answering'})")
             return 0
@@ -247,32 +334,40 @@ def drain(args, router: Router, state: State) -> int:
         time.sleep(min(args.interval, 1.0))
 
 
-def admit(args, router: Router, state: State) -> int:
+def register(router: Router, group: str, url: str, mode: str, bootstrap: int | None) -> None:
+    body = worker_body(router, url, mode)
+    if bootstrap is not None:
+        body["bootstrap_port"] = bootstrap
+    status, answer = router.call("POST", "/workers", body)
+    if status not in (200, 201, 202, 409):
+        raise SystemExit(f"router-members: POST {router.url}/workers for {group} ({url}) "
+                         f"answered HTTP {status}: {answer}")
+
+
+def admit(args, routers: list[Router], state: State) -> int:
+    """Registered and healthy in every router (slot) that answers; one being replaced gets the
+    group from its own restore."""
     group, mode, url = args.group, args.mode, args.url
     start = time.monotonic()
-    posted = False
+    posted: set[str] = set()
     last = ""
     while True:
-        workers = router.workers()
-        mine = registered(workers or [], url)
-        if any(w.get("is_healthy") for w in mine):
+        live = answering(routers)
+        mine = {router.url: registered(workers, url) for router, workers in live}
+        if live and all(any(w.get("is_healthy") for w in found) for found in mine.values()):
             with state.locked():
                 gave_back = state.give_back(mode, group)
-            log(f"{group}: admitted, healthy in the router ({url})"
+            log(f"{group}: admitted, healthy in {routers_said(len(live))} ({url})"
                 + (f"; {mode} rollout lease given back" if gave_back else ""))
             return 0
-        if workers is not None and not mine and not posted:
-            body = worker_body(router, url, mode)
-            if args.bootstrap_port is not None:
-                body["bootstrap_port"] = args.bootstrap_port
-            status, answer = router.call("POST", "/workers", body)
-            if status not in (200, 201, 202, 409):
-                raise SystemExit(f"router-members: POST /workers for {group} ({url}) answered "
-                                 f"HTTP {status}: {answer}")
-            posted = True
+        for router, _ in live:
+            if not mine[router.url] and router.url not in posted:
+                register(router, group, url, mode, args.bootstrap_port)
+                posted.add(router.url)
         elapsed = time.monotonic() - start
-        said = ("router not answering" if workers is None
-                else "registered, not yet healthy" if mine else "registration queued")
+        said = ("no router answers" if not live
+                else "registered, not yet healthy" if all(mine.values())
+                else "registration queued")
         if elapsed >= args.timeout:
             raise SystemExit(f"router-members: {group} ({url}) not healthy in the router after "
                              f"{elapsed:.0f}s: {said}")
@@ -282,48 +377,69 @@ def admit(args, router: Router, state: State) -> int:
         time.sleep(args.interval)
 
 
-def restore(args, router: Router, state: State) -> int:
-    """Register, on a router that has just started, every group that should serve and does not
-    hold its mode's lease (out for its replacement: its admission brings it back)."""
-    start = time.monotonic()
-    while router.workers() is None:
-        if time.monotonic() - start >= args.timeout:
-            raise SystemExit(f"router-members: the router does not answer after {args.timeout}s")
-        time.sleep(args.interval)
+def out_for_replacement(state: State) -> dict[str, str]:
+    """mode -> the group holding its rollout lease (drained, being replaced)."""
+    return {mode: held[0] for mode in ("prefill", "decode")
+            if (held := state.lease(mode)) is not None}
+
+
+def register_missing(router: Router, state: State, quiet: bool = False) -> list[str]:
+    """Every group that should serve and is not out for its replacement, registered with ROUTER
+    if it is not yet (under the state lock); the URLs that should be there."""
+    expected = []
     with state.locked():
-        out = {mode: held[0] for mode in ("prefill", "decode")
-               if (held := state.lease(mode)) is not None}
+        out = out_for_replacement(state)
         registered_urls = {w.get("url") for w in router.workers() or []}
         for group, (mode, url, bootstrap) in sorted(state.members().items()):
             if out.get(mode) == group:
-                log(f"{group}: out for its replacement (holds the {mode} lease); its admission "
-                    "registers it")
+                if not quiet:
+                    log(f"{group}: out for its replacement (holds the {mode} lease); its "
+                        "admission registers it")
                 continue
-            if not url or url in registered_urls:
+            if not url:
                 continue
-            body = worker_body(router, url, mode)
-            if bootstrap != "-":
-                body["bootstrap_port"] = int(bootstrap)
-            status, answer = router.call("POST", "/workers", body)
-            if status not in (200, 201, 202, 409):
-                raise SystemExit(f"router-members: POST /workers for {group} ({url}) answered "
-                                 f"HTTP {status}: {answer}")
-            log(f"{group}: registration queued ({url})")
+            expected.append(url)
+            if url not in registered_urls:
+                register(router, group, url, mode, None if bootstrap == "-" else int(bootstrap))
+                log(f"{group}: registration queued ({url})")
+    return expected
+
+
+def wait_answering(router: Router, timeout: float, interval: float) -> None:
+    start = time.monotonic()
+    while router.workers() is None:
+        if time.monotonic() - start >= timeout:
+            raise SystemExit(f"router-members: {router.url} does not answer after {timeout}s")
+        time.sleep(interval)
+
+
+def restore(args, routers: list[Router], state: State) -> int:
+    """Register, on a router that has just started, every group that should serve and does not
+    hold its mode's lease (out for its replacement: its admission brings it back)."""
+    for router in routers:
+        wait_answering(router, args.timeout, args.interval)
+        register_missing(router, state)
     return 0
 
 
-def ready(args, router: Router) -> int:
+def ready(args, routers: list[Router]) -> int:
     start = time.monotonic()
     last = ""
     while True:
-        status, _ = router.call("GET", "/readiness")
-        workers = router.workers() or []
-        missing = [url for url in args.expect
-                   if not any(w.get("is_healthy") for w in registered(workers, url))]
-        if status == 200 and not missing:
-            log(f"router ready: /readiness 200, {len(args.expect)} group(s) healthy")
+        problems = []
+        for router in routers:
+            status, _ = router.call("GET", "/readiness")
+            workers = router.workers() or []
+            missing = [url for url in args.expect
+                       if not any(w.get("is_healthy") for w in registered(workers, url))]
+            if status != 200 or missing:
+                problems.append(f"{router.url}: /readiness {status}; not healthy: "
+                                f"{', '.join(missing) or 'none'}")
+        if not problems:
+            log(f"router ready: /readiness 200, {len(args.expect)} group(s) healthy"
+                + ("" if len(routers) == 1 else f" in {routers_said(len(routers))}"))
             return 0
-        said = f"/readiness {status}; not healthy: {', '.join(missing) or 'none'}"
+        said = "; ".join(problems)
         if time.monotonic() - start >= args.timeout:
             raise SystemExit(f"router-members: router not ready after {args.timeout}s: {said}")
         if said != last:
@@ -332,12 +448,130 @@ def ready(args, router: Router) -> int:
         time.sleep(args.interval)
 
 
+SLOT_LEASE = "slot"
+
+
+def slot_marker(state: State, slot: str) -> str:
+    return os.path.join(state.directory, f"slot-{slot}")
+
+
+def mine_serves(status: str) -> bool:
+    # "UP 1/2": one failed check, still sent requests; DRAIN: an earlier drain that did not end.
+    return status.startswith("UP") or status == "DRAIN"
+
+
+def slot_drain(args, state: State) -> int:
+    """Before slot S's router goes: once the other slot serves at the door, S takes the slot
+    lease, is set to drain there (new requests go to the other), and its open requests finish."""
+    door, me, other = Door(args.door_socket), f"slot-{args.slot}", f"slot-{args.other}"
+    wanted = os.path.exists(slot_marker(state, args.slot))
+    start = time.monotonic()
+    last_said, said_at = "", 0.0
+    while True:
+        with state.locked():
+            servers = door.servers()
+            held = state.lease(SLOT_LEASE)
+            waiting_for = None
+            if servers is None:
+                log(f"{me}: the door does not answer; nothing to drain")
+                return 0
+            if not wanted:
+                log(f"{me}: leaving; set to drain at the door")
+            elif not mine_serves(servers.get(me, {}).get("status", "")):
+                # Not serving: replacing it costs no request, and waiting on the other slot
+                # would keep a dead slot dead when both are down.
+                log(f"{me}: not serving at the door ({servers.get(me, {}).get('status')}); "
+                    "nothing to drain")
+                return 0
+            elif held and held[0] != args.slot:
+                waiting_for = (f"slot-{held[0]} holds the slot lease (drained "
+                               f"{time.time() - held[1]:.0f}s ago for its replacement)")
+            elif servers.get(other, {}).get("status") != "UP":
+                waiting_for = (f"{other} is not up at the door "
+                               f"({servers.get(other, {}).get('status', 'absent')})")
+            else:
+                state.take_lease(SLOT_LEASE, args.slot)
+                log(f"{me}: slot lease taken; {other} serves")
+            if waiting_for is None:
+                door.set_state(me, "drain")
+                break
+        elapsed = time.monotonic() - start
+        if elapsed >= args.timeout:
+            raise SystemExit(
+                f"router-members: {me} not drained after {elapsed:.0f}s: {waiting_for}. {me} "
+                "keeps running and serving, untouched; fix the other slot (`kimipd status`, "
+                "its log), then `pulumi up` again.")
+        if waiting_for != last_said or elapsed - said_at >= 30:
+            log(f"{me}: waiting: {waiting_for}")
+            last_said, said_at = waiting_for, elapsed
+        time.sleep(args.interval)
+    # Open requests (streams included) finish through the slot; the door sends it nothing new.
+    deadline = time.monotonic() + args.drain_timeout
+    while True:
+        row = (door.servers() or {}).get(me, {})
+        current = int(row.get("scur") or 0) + int(row.get("qcur") or 0)
+        if current == 0:
+            log(f"{me}: drained at the door (no open request)")
+            return 0
+        if time.monotonic() >= deadline:
+            log(f"{me}: {current} request(s) still open after {args.drain_timeout}s "
+                "(router.drainTimeoutSeconds); replacing it anyway")
+            return 0
+        time.sleep(min(args.interval, 0.5))
+
+
+def slot_admit(args, routers: list[Router], state: State) -> int:
+    """Slot S's router, new: every group registered and healthy in it (rust), then set ready at
+    the door; done when the door's own health check sees it up (the slot lease given back)."""
+    router, door, me = routers[0], Door(args.door_socket), f"slot-{args.slot}"
+    start = time.monotonic()
+    last = ""
+    while True:
+        elapsed = time.monotonic() - start
+        if args.mini_lb:
+            status, _ = router.call("GET", "/health")
+            said = None if status == 200 else f"/health {status}"
+        else:
+            expected = register_missing(router, state, quiet=True) if router.workers() is not None \
+                else []
+            status, _ = router.call("GET", "/readiness")
+            workers = router.workers() or []
+            missing = [url for url in expected
+                       if not any(w.get("is_healthy") for w in registered(workers, url))]
+            said = (None if status == 200 and not missing
+                    else f"/readiness {status}; not healthy: {', '.join(missing) or 'none'}")
+        if said is None:
+            break
+        if elapsed >= args.timeout:
+            raise SystemExit(f"router-members: {me} ({router.url}) not ready after "
+                             f"{elapsed:.0f}s: {said}")
+        if said != last:
+            log(f"{me}: waiting: {said}")
+            last = said
+        time.sleep(args.interval)
+    door.set_state(me, "ready")
+    while True:
+        row = (door.servers() or {}).get(me, {})
+        if row.get("status") == "UP":
+            break
+        if time.monotonic() - start >= args.timeout:
+            raise SystemExit(f"router-members: {me} set ready, but the door's health check "
+                             f"does not see it up after {args.timeout}s ({row.get('status')}; "
+                             f"`kimipd logs door` says why)")
+        time.sleep(min(args.interval, 0.2))
+    with state.locked():
+        gave_back = state.give_back(SLOT_LEASE, args.slot)
+    log(f"{me}: up at the door" + ("; slot lease given back" if gave_back else ""))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="router-members.py")
     parser.add_argument("action", choices=["want", "unwant", "drain", "admit", "ready",
-                                           "restore"])
-    parser.add_argument("--router", required=True)
-    parser.add_argument("--api-key-file", required=True)
+                                           "restore", "slot-want", "slot-unwant", "slot-drain",
+                                           "slot-admit"])
+    parser.add_argument("--router", action="append", default=[])
+    parser.add_argument("--api-key-file")
     parser.add_argument("--state-dir", required=True)
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--interval", type=float, default=1)
@@ -349,8 +583,22 @@ def main() -> int:
                         default="one-group-at-a-time")
     parser.add_argument("--drain-timeout", type=float, default=600)
     parser.add_argument("--expect", action="append", default=[])
+    parser.add_argument("--slot")
+    parser.add_argument("--other")
+    parser.add_argument("--door-socket")
+    parser.add_argument("--mini-lb", action="store_true")
     args = parser.parse_args()
     state = State(args.state_dir)
+    if args.action == "slot-want":
+        with open(slot_marker(state, args.slot), "w", encoding="utf-8") as stream:
+            stream.write("serving\n")
+        return 0
+    if args.action == "slot-unwant":
+        if os.path.exists(slot_marker(state, args.slot)):
+            os.remove(slot_marker(state, args.slot))
+        return 0
+    if args.action == "slot-drain":
+        return slot_drain(args, state)
     if args.action == "want":
         bootstrap = "-" if args.bootstrap_port is None else str(args.bootstrap_port)
         with open(state.marker(args.group), "w", encoding="utf-8") as stream:
@@ -360,14 +608,18 @@ def main() -> int:
         if os.path.exists(state.marker(args.group)):
             os.remove(state.marker(args.group))
         return 0
-    router = Router(args.router, args.api_key_file)
+    routers = [Router(url, args.api_key_file) for url in args.router]
+    if not routers:
+        parser.error(f"{args.action} needs --router")
+    if args.action == "slot-admit":
+        return slot_admit(args, routers, state)
     if args.action == "drain":
-        return drain(args, router, state)
+        return drain(args, routers, state)
     if args.action == "admit":
-        return admit(args, router, state)
+        return admit(args, routers, state)
     if args.action == "restore":
-        return restore(args, router, state)
-    return ready(args, router)
+        return restore(args, routers, state)
+    return ready(args, routers)
 
 
 if __name__ == "__main__":

@@ -14,11 +14,17 @@ from .render import (
     mooncake_master_address,
     mooncake_master_plan,
     prometheus_targets,
+    door_admin_socket,
+    door_plan,
+    door_url,
     router_plan,
+    router_slots,
     router_url,
+    slot_role,
+    slot_server,
     sglang_rank_plan,
 )
-from .router import Membership, Router, RouterReadiness, SmokeTest
+from .router import Door, Membership, Router, RouterApiKey, RouterReadiness, SmokeTest
 from .serving import ServingGroup
 
 
@@ -28,6 +34,7 @@ class Cluster(pulumi.ComponentResource):
     def __init__(self, name: str, cfg: ClusterConfig, private_key: pulumi.Input[str] | None,
                  node_file_digests: dict[str, str], host_keys: dict[str, str | None],
                  router_api_key: pulumi.Input[str] | None = None,
+                 door_tls_key: pulumi.Input[str] | None = None,
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("kimipd:cluster:Cluster", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
@@ -64,11 +71,12 @@ class Cluster(pulumi.ComponentResource):
             "firewall": firewall_output(cfg),
         }
         if cfg.serving:
-            self._serve(cfg, child, router_api_key)
+            self._serve(cfg, child, router_api_key, door_tls_key)
         self.register_outputs({})
 
     def _serve(self, cfg: ClusterConfig, child: pulumi.ResourceOptions,
-               router_api_key: pulumi.Input[str] | None) -> None:
+               router_api_key: pulumi.Input[str] | None,
+               door_tls_key: pulumi.Input[str] | None) -> None:
         # Nothing starts until every node is prepared (runbook steps 1-4 before 5): a node that
         # fails preflight leaves the cluster without a single container.
         every_node_ready = [resource for node in self.nodes.values() for resource in node.ready]
@@ -106,25 +114,34 @@ class Cluster(pulumi.ComponentResource):
         }
         decode_gates = [group.gate for group in self.decode.values()]
         router_node = self.nodes[cfg.router.node]
+        # With the door: HAProxy on router.port first, then its two slots, each a router of its
+        # own; they roll one at a time through the slot lease (Router._behind_door).
+        self.door = (Door(cfg, self.nodes, door_tls_key, opts=child)
+                     if cfg.router.door is not None else None)
+        api_key = (RouterApiKey(cfg, router_node, router_api_key, opts=child)
+                   if cfg.router.kind == "rust" and router_api_key is not None else None)
         if cfg.router.kind == "mini-lb":
             # Its worker list is fixed at start: every group healthy, whatever the start order.
-            self.router = Router(cfg, self.nodes, wait_for=[*prefill_gates, *decode_gates],
-                                 opts=child)
-            router_gates: list[RouterReadiness] = []
+            router_waits_for = [*prefill_gates, *decode_gates]
         else:
             # Up with the nodes; each group joins it through its Membership once its own gate
             # passes, and leaves it (drained) before its containers are replaced.
-            self.router = Router(cfg, self.nodes, wait_for=every_node_ready,
-                                 api_key=router_api_key, opts=child)
+            router_waits_for = every_node_ready
+        self.routers = [Router(cfg, self.nodes, wait_for=router_waits_for, api_key=api_key,
+                               slot=slot, door=self.door, opts=child)
+                        for slot in router_slots(cfg)]
+        router_gates: list[RouterReadiness] = []
+        if cfg.router.kind == "rust":
             self.memberships = [
-                Membership(name, cfg, router_node, self.router, group, opts=child)
+                Membership(name, cfg, router_node, self.routers, group, opts=child)
                 for name, group in {**self.prefill, **self.decode}.items()
             ]
-            router_gates = [RouterReadiness(cfg, router_node, self.router, self.memberships,
+            router_gates = [RouterReadiness(cfg, router_node, self.routers, self.memberships,
                                             opts=child)]
         self.smoke_test = SmokeTest(
-            cfg, router_node, self.router,
-            [self.mooncake_master.gate, *prefill_gates, *decode_gates, *router_gates], opts=child)
+            cfg, router_node, self.routers,
+            [self.mooncake_master.gate, *prefill_gates, *decode_gates, *router_gates],
+            door=self.door, opts=child)
         self.outputs |= {
             "containers": container_outputs(cfg),
             "routerUrl": router_url(cfg),
@@ -132,6 +149,8 @@ class Cluster(pulumi.ComponentResource):
             "smokeTest": self.smoke_test.text,
             "prometheusTargets": prometheus_targets(cfg, pulumi.get_stack()),
         }
+        if cfg.router.door is not None:
+            self.outputs["door"] = door_output(cfg)
         if router_api_key is not None:
             # What clients send as `Authorization: Bearer KEY` (docs/router.md); encrypted in the
             # state.
@@ -147,11 +166,30 @@ def firewall_output(cfg: ClusterConfig) -> dict[str, object]:
             "operatorHosts": list(spec.operator_hosts)}
 
 
+def door_output(cfg: ClusterConfig) -> dict[str, object] | None:
+    """Where the door and its slots are (kimipd status, logs and the bench read it); plain data."""
+    door = cfg.router.door
+    if door is None:
+        return None
+    node = cfg.router.node
+    return {
+        "url": door_url(cfg), "tls": door.tls is not None, "node": node,
+        "metricsUrl": f"http://{node}:{door.metrics_port}/metrics",
+        "adminSocket": door_admin_socket(cfg), "container": door_plan(cfg).name,
+        "slots": {name: {"url": f"http://{node}:{slot.port}", "port": slot.port,
+                         "metricsPort": slot.metrics_port, "role": slot_role(name),
+                         "container": router_plan(cfg, name).name, "server": slot_server(name)}
+                  for name, slot in door.slot_named().items()},
+    }
+
+
 def container_outputs(cfg: ClusterConfig) -> dict[str, dict[str, object]]:
     """Every container by role: where it runs and what its gate polls (day-two tools read it)."""
     plans = [mooncake_master_plan(cfg)]
     for name, group in cfg.groups.items():
         plans += [sglang_rank_plan(cfg, name, rank) for rank in range(len(group.nodes))]
-    plans.append(router_plan(cfg))
+    if cfg.router.door is not None:
+        plans.append(door_plan(cfg))
+    plans += [router_plan(cfg, slot) for slot in router_slots(cfg)]
     return {plan.role: {"node": plan.node, "container": plan.name, "healthUrl": plan.health_url}
             for plan in plans}

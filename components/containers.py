@@ -31,6 +31,8 @@ def node_container(plan: ContainerPlan, node: Node, *, depends_on: Sequence[pulu
         name=plan.name,
         image=node.run_image_id if image is None else image,
         command=plan.command,
+        entrypoints=plan.entrypoint,
+        stop_signal=plan.stop_signal,
         envs=env_list(plan.env),
         labels=[docker.ContainerLabelArgs(label=k, value=v) for k, v in plan.labels.items()]
         + ([docker.ContainerLabelArgs(label="kimipd.rank0-container", value=follows.id)]

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 
 import pulumi
 import pulumi_command as command
+import pulumi_docker as docker
 
 from .config import ClusterConfig
 from .containers import node_container
@@ -13,6 +14,17 @@ from .gates import HealthGate
 from .node import Node
 from .render import (
     admit_command,
+    door_haproxy_config,
+    door_plan,
+    door_spec,
+    door_url,
+    remove_door_files_command,
+    slot_admit_command,
+    slot_drain_command,
+    slot_unwant_command,
+    slot_want_command,
+    write_door_config_command,
+    write_door_tls_command,
     drain_command,
     restore_command,
     router_api_key_file,
@@ -29,39 +41,108 @@ from .render import (
 from .serving import ServingGroup
 
 
+class RouterApiKey(pulumi.ComponentResource):
+    """The rust router's key on its node, in a file only root reads (every slot reads it)."""
+
+    def __init__(self, cfg: ClusterConfig, node: Node, api_key: pulumi.Input[str],
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("kimipd:router:RouterApiKey", "router-key", None, opts)
+        # The secret reaches the node on stdin. A new key is a new file resource, whose id each
+        # router carries as a label: the routers restart with it, and every group is admitted
+        # again.
+        self.file = command.remote.Command(
+            "router-api-key",
+            connection=node.connection,
+            create=write_api_key_command(cfg),
+            delete=f"rm -f {router_api_key_file(cfg)} {router_auth_header_file(cfg)}",
+            stdin=api_key,
+            triggers=[api_key],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=node.ready,
+                                        delete_before_replace=True,
+                                        # It was the (one) router's own child.
+                                        aliases=[pulumi.Alias(parent=_old_router_urn())]))
+        self.register_outputs({})
+
+
+def _old_router_urn() -> str:
+    return (f"urn:pulumi:{pulumi.get_stack()}::{pulumi.get_project()}::"
+            "kimipd:cluster:Cluster$kimipd:router:Router::router")
+
+
+class Door(pulumi.ComponentResource):
+    """HAProxy on the router's node, owning router.port in front of the two router slots.
+
+    Its configuration is a file the door reloads (master-worker: the listener stays open), so a
+    change of it refuses no connection; only a new door image replaces the container."""
+
+    def __init__(self, cfg: ClusterConfig, nodes: Mapping[str, Node],
+                 tls_key: pulumi.Input[str] | None,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("kimipd:router:Door", "door", None, opts)
+        node = nodes[cfg.router.node]
+        spec = door_spec(cfg)
+        child = pulumi.ResourceOptions(parent=self)
+        self.image = docker.RemoteImage(
+            "door-image", name=spec.image, keep_locally=True,
+            opts=pulumi.ResourceOptions(parent=self, provider=node.provider,
+                                        depends_on=node.ready))
+        files: list[pulumi.Resource] = []
+        if spec.tls is not None:
+            if tls_key is None:
+                raise ValueError("router.door.tls needs the secret doorTlsKey")
+            self.tls = command.remote.Command(
+                "door-tls",
+                connection=node.connection,
+                create=write_door_tls_command(cfg),
+                update=write_door_tls_command(cfg),
+                # Certificate, then key: one PEM, as HAProxy's `crt` reads it.
+                stdin=pulumi.Output.secret(pulumi.Output.concat(
+                    spec.tls.certificate.strip(), "\n", tls_key)),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=node.ready))
+            files.append(self.tls)
+        # Changed in place (update): the door reloads it, keeping its listener.
+        self.config = command.remote.Command(
+            "door-config",
+            connection=node.connection,
+            create=write_door_config_command(cfg),
+            update=write_door_config_command(cfg),
+            delete=remove_door_files_command(cfg),
+            stdin=door_haproxy_config(cfg),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.image, *files]))
+        plan = door_plan(cfg)
+        # Removed with SIGUSR1 (door_plan): its open streams get as long as a slot's.
+        self.container = node_container(plan, node, depends_on=[self.config], parent=self,
+                                        image=self.image.image_id,
+                                        stop_grace_seconds=cfg.router.drain_timeout_seconds + 5)
+        self.gate = HealthGate("door-ready", cfg, nodes, [plan], [self.container], opts=child)
+        self.url = door_url(cfg)
+        self.register_outputs({"url": self.url})
+
+
 class Router(pulumi.ComponentResource):
-    """sglang-router in PD mode. MiniLB starts once every group is ready (its worker list is
-    fixed); the rust router starts with the nodes, and each group's Membership admits it."""
+    """sglang-router in PD mode: the one on router.port, or one of the door's two slots. MiniLB
+    starts once every group is ready (its worker list is fixed); the rust router starts with
+    the nodes, and each group's Membership admits it."""
 
     url: pulumi.Output[str]
 
     def __init__(self, cfg: ClusterConfig, nodes: Mapping[str, Node],
-                 wait_for: Sequence[pulumi.Resource], api_key: pulumi.Input[str] | None = None,
+                 wait_for: Sequence[pulumi.Resource], api_key: RouterApiKey | None = None,
+                 slot: str | None = None, door: Door | None = None,
                  opts: pulumi.ResourceOptions | None = None) -> None:
-        plan = router_plan(cfg)
+        plan = router_plan(cfg, slot)
         super().__init__("kimipd:router:Router", plan.role, None, opts)
+        self.role = plan.role
         node = nodes[plan.node]
-        self.api_key_file: command.remote.Command | None = None
         extra_labels: dict[str, pulumi.Input[str]] = {}
+        key_files: list[pulumi.Resource] = []
         if api_key is not None:
-            # The secret reaches the node on stdin, into a file only root reads. A new key is a
-            # new file resource, whose id the router carries as a label: the router restarts
-            # with it, and every group is admitted again.
-            key_file = router_api_key_file(cfg)
-            self.api_key_file = command.remote.Command(
-                "router-api-key",
-                connection=node.connection,
-                create=write_api_key_command(cfg),
-                delete=f"rm -f {key_file} {router_auth_header_file(cfg)}",
-                stdin=api_key,
-                triggers=[api_key],
-                opts=pulumi.ResourceOptions(parent=self, depends_on=node.ready,
-                                            delete_before_replace=True))
-            extra_labels["kimipd.api-key-file"] = self.api_key_file.id
+            extra_labels["kimipd.api-key-file"] = api_key.file.id
+            key_files.append(api_key.file)
         # The node's pulled image, not the prepared one: the node files (Mooncake, patches) are
         # nothing to the router, so a change of them rolls the groups and leaves the router up.
         self.container = node_container(
-            plan, node, depends_on=[*wait_for, *([self.api_key_file] if self.api_key_file else [])],
+            plan, node, depends_on=[*wait_for, *key_files],
             parent=self, extra_labels=extra_labels,
             image=node.image_id if cfg.router.kind == "rust" else None,
             stop_grace_seconds=(cfg.router.drain_timeout_seconds + 5
@@ -73,22 +154,57 @@ class Router(pulumi.ComponentResource):
             # A new router starts with no worker: the groups already serving join it at once,
             # without waiting for their admissions (which also wait for their own gates).
             self.restore = command.remote.Command(
-                "router-restore",
+                f"{plan.role}-restore",
                 connection=node.connection,
-                create=restore_command(cfg),
+                create=restore_command(cfg, slot),
                 triggers=[self.container.id],
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[self.gate]))
+        self.at_door: command.remote.Command | None = None
+        if slot is not None and door is not None:
+            self._behind_door(cfg, node, slot, door)
         self.url = pulumi.Output.from_input(router_url(cfg))
         self.register_outputs({"url": self.url})
+
+    def _behind_door(self, cfg: ClusterConfig, node: Node, slot: str, door: Door) -> None:
+        """The slot's place at the door, like a group's in the router (render/membership.py):
+        drained at the door before its container goes, set ready there once it serves."""
+        role = self.role
+        # Replaced with the container, deleted before it: its delete is the drain, which waits
+        # for the slot lease (the other slot up at the door): Pulumi alone would replace both
+        # slots at once (delete-before-replace deletes dependents first).
+        self.door_drain = command.remote.Command(
+            f"{role}-door-drain",
+            connection=node.connection,
+            create="true",
+            delete=slot_drain_command(cfg, slot),
+            triggers=[self.container.id],
+            opts=pulumi.ResourceOptions(parent=self,
+                                        depends_on=[self.container, door.container]))
+        # "This slot should serve": gone first on destroy, so the drain then waits for nothing.
+        self.door_want = command.remote.Command(
+            f"{role}-door-want",
+            connection=node.connection,
+            create=slot_want_command(cfg, slot),
+            delete=slot_unwant_command(cfg, slot),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.door_drain]))
+        self.at_door = command.remote.Command(
+            f"{role}-door-admit",
+            connection=node.connection,
+            create=slot_admit_command(cfg, slot),
+            triggers=[self.container.id],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[
+                self.gate, door.gate, self.door_want, self.door_drain,
+                *([self.restore] if self.restore else [])]))
 
 
 class Membership(pulumi.ComponentResource):
     """One group's place in the rust router: drained before its containers go, admitted once its
     gate passes (render/membership.py says why these are three commands)."""
 
-    def __init__(self, name: str, cfg: ClusterConfig, node: Node, router: Router,
+    def __init__(self, name: str, cfg: ClusterConfig, node: Node, routers: Sequence[Router],
                  group: ServingGroup, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("kimipd:router:Membership", name, None, opts)
+        # With the door, every slot: the group is registered with both.
         # Replaced with the group's containers (rank 0's id: whatever replaces rank 0 replaces
         # the group), and deleted before them: its delete is the drain.
         self.drain = command.remote.Command(
@@ -97,8 +213,8 @@ class Membership(pulumi.ComponentResource):
             create="true",
             delete=drain_command(cfg, name),
             triggers=[group.containers[0].id],
-            opts=pulumi.ResourceOptions(parent=self,
-                                        depends_on=[*group.containers, router.container]))
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[
+                *group.containers, *[router.container for router in routers]]))
         # Outlives replacements; deleted first when the group leaves the config or the stack is
         # destroyed, so the drain then removes the group without waiting for a peer.
         self.want = command.remote.Command(
@@ -111,17 +227,20 @@ class Membership(pulumi.ComponentResource):
             f"{name}-admit",
             connection=node.connection,
             create=admit_command(cfg, name),
-            triggers=[router.container.id, *[check.id for check in group.gate.checks]],
+            triggers=[*[router.container.id for router in routers],
+                      *[check.id for check in group.gate.checks]],
             opts=pulumi.ResourceOptions(parent=self, depends_on=[
-                group.gate, router.gate, self.want, self.drain,
-                *([router.restore] if router.restore else [])]))
+                group.gate, self.want, self.drain,
+                *[router.gate for router in routers],
+                *[router.restore for router in routers if router.restore]]))
         self.register_outputs({})
 
 
 class RouterReadiness(pulumi.ComponentResource):
-    """The rust router's gate: /readiness, and every group registered and healthy."""
+    """The rust router's gate: /readiness, and every group registered and healthy (in every
+    slot, with the door)."""
 
-    def __init__(self, cfg: ClusterConfig, node: Node, router: Router,
+    def __init__(self, cfg: ClusterConfig, node: Node, routers: Sequence[Router],
                  memberships: Sequence[Membership],
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("kimipd:router:RouterReadiness", "router-readiness", None, opts)
@@ -129,7 +248,8 @@ class RouterReadiness(pulumi.ComponentResource):
             "router-every-group-healthy",
             connection=node.connection,
             create=router_ready_command(cfg),
-            triggers=[router.container.id, *[m.admit.id for m in memberships]],
+            triggers=[*[router.container.id for router in routers],
+                      *[m.admit.id for m in memberships]],
             opts=pulumi.ResourceOptions(parent=self, depends_on=[m.admit for m in memberships]))
         self.checks = [self.check]
         self.register_outputs({})
@@ -144,17 +264,21 @@ class SmokeTest(pulumi.ComponentResource):
 
     text: pulumi.Output[str]
 
-    def __init__(self, cfg: ClusterConfig, node: Node, router: Router,
-                 gates: Sequence[HealthGate | RouterReadiness],
+    def __init__(self, cfg: ClusterConfig, node: Node, routers: Sequence[Router],
+                 gates: Sequence[HealthGate | RouterReadiness], door: Door | None = None,
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("kimipd:router:SmokeTest", "smoke-test", None, opts)
+        # With the door: through it, once both slots are up there.
+        at_door: list[pulumi.Resource] = [router.at_door for router in routers if router.at_door]
         self.request = command.remote.Command(
             "smoke-test-generate",
             connection=node.connection,
             create=smoke_test_command(cfg),
-            triggers=[router.container.id,
-                      *[check.id for gate in gates for check in gate.checks]],
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[router.gate, *gates]),
+            triggers=[*[router.container.id for router in routers],
+                      *[check.id for gate in gates for check in gate.checks],
+                      *([door.container.id] if door else [])],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[
+                *[router.gate for router in routers], *gates, *at_door]),
         )
         self.text = self.request.stdout.apply(smoke_test_text)
         self.register_outputs({"text": self.text})

@@ -66,7 +66,7 @@ def check_stack_secrets(namespace: str = CONFIG_NAMESPACE, model: type[BaseModel
         if name in secret_keys and not _is_secret(key):
             problems.append(
                 f"{name}: set in plain text (value not shown), so the "
-                f"{'private key' if name == 'sshPrivateKey' else 'API key'} sits "
+                f"{'API key' if name == 'routerApiKey' else 'private key'} sits "
                 "unencrypted in Pulumi.<stack>.yaml and in every copy of that file: remove it "
                 f"(`pulumi config rm {name}`) and set it as a secret: `pulumi config set --secret "
                 f"{name} < KEYFILE`.")
@@ -129,4 +129,22 @@ def router_api_key(cfg: ClusterConfig) -> pulumi.Output[str] | None:
             "router.port, and every SGLang server requires the same key: set one, `openssl "
             f"rand -hex 32 | pulumi config set --secret {ROUTER_API_KEY}` (clients then send "
             "`Authorization: Bearer KEY`).")
+    return key
+
+
+DOOR_TLS_KEY = "doorTlsKey"
+
+
+def door_tls_key(cfg: ClusterConfig) -> pulumi.Output[str] | None:
+    """The door's TLS private key (a secret, PEM), read only when router.door.tls is set."""
+    door = cfg.router.door
+    if door is None or door.tls is None:
+        return None
+    key = pulumi.Config(CONFIG_NAMESPACE).get_secret(DOOR_TLS_KEY)
+    if key is None:
+        raise ConfigError(
+            f"invalid kimipd secrets:\n  {DOOR_TLS_KEY}: not set, and router.door.tls names a "
+            "certificate the door cannot serve without its key: set it, `pulumi config set "
+            f"--secret {DOOR_TLS_KEY} < door.key` (PEM), or remove router.door.tls to serve "
+            "plain HTTP.")
     return key

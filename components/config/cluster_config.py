@@ -14,7 +14,7 @@ from .rules.ports import PortBinding
 from .rules.runbook import MOONCAKE_VERSION
 from .schema import (ConnectionSpec, ContainerSpec, FirewallSpec, GatesSpec, GroupSpec, MetricsSpec,
                      ModelSpec, MooncakeMasterSpec, NetworkSpec, NodeFileSpec, NodeSpec,
-                     PreflightSpec, RouterSpec, SmokeTestSpec, VerificationSpec)
+                     PreflightSpec, RouterSpec, SmokeTestSpec, VerificationSpec, SLOT_NAMES)
 
 
 class ClusterConfig(Model):
@@ -98,9 +98,21 @@ class ClusterConfig(Model):
         ports = {group.http_port for group in self.groups.values() if address in group.nodes}
         if self.mooncake_master.node == address:
             ports.add(self.mooncake_master.metrics_port)
-        if self.router.node == address and self.router.kind == "rust":
-            ports.add(self.router.metrics_port)
+        if self.router.node == address:
+            door = self.router.door
+            if door is not None:
+                ports.add(door.metrics_port)
+            if self.router.kind == "rust":
+                ports |= ({slot.metrics_port for slot in door.slots} if door is not None
+                          else {self.router.metrics_port})
         return sorted(ports)
+
+    @property
+    def router_roles(self) -> list[str]:
+        """The router's containers: one `router`, or the door and its two slots."""
+        if self.router.door is None:
+            return ["router"]
+        return ["door", *(f"router-{name}" for name in SLOT_NAMES)]
 
     def node(self, address: str) -> NodeSpec:
         return next(node for node in self.nodes if node.address == address)
@@ -116,7 +128,7 @@ class ClusterConfig(Model):
             if address in group.nodes:
                 roles.append(f"{name}-r{group.nodes.index(address)}")
         if self.router.node == address:
-            roles.append("router")
+            roles += self.router_roles
         return roles
 
     def port_bindings(self) -> Iterator[PortBinding]:
@@ -137,8 +149,18 @@ class ClusterConfig(Model):
                     yield PortBinding(group.rank0, group.dist_init_port + offset,
                                       f"groups.{name}.distInitPort", name, offset)
         yield PortBinding(self.router.node, self.router.port, "router.port")
-        if self.router.kind == "rust":
-            yield PortBinding(self.router.node, self.router.metrics_port, "router.metricsPort")
+        door = self.router.door
+        if door is None:
+            if self.router.kind == "rust":
+                yield PortBinding(self.router.node, self.router.metrics_port,
+                                  "router.metricsPort")
+            return
+        yield PortBinding(self.router.node, door.metrics_port, "router.door.metricsPort")
+        for index, slot in enumerate(door.slots):
+            yield PortBinding(self.router.node, slot.port, f"router.door.slots[{index}].port")
+            if self.router.kind == "rust":
+                yield PortBinding(self.router.node, slot.metrics_port,
+                                  f"router.door.slots[{index}].metricsPort")
 
     def ports_on(self, address: str) -> dict[int, str]:
         """Every port this node's containers bind, in order -> the key that sets it."""

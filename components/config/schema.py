@@ -11,7 +11,7 @@ from pydantic import Field, field_validator
 
 from .base import Model
 from .grammars import (CAPABILITIES, ULIMIT_NAMES, absolute_path, did_you_mean,
-                       host_key_problem)
+                       host_key_problem, image_reference_problem)
 
 
 class NodeSpec(Model):
@@ -95,6 +95,66 @@ class GroupSpec(Model):
 
 RouterPolicy = Literal["random", "round_robin", "cache_aware", "power_of_two"]
 
+SLOT_NAMES = ("a", "b")
+
+
+class RouterSlotSpec(Model):
+    """One of the two routers behind the door: its own port and its own metrics port."""
+
+    port: int = Field(ge=1, le=65535)
+    # rust only: the slot's Prometheus metrics (smg_*).
+    metrics_port: int = Field(ge=1, le=65535)
+
+
+class DoorTlsSpec(Model):
+    """HTTPS at the door. The key is the secret kimipd:doorTlsKey, never in the stack file."""
+
+    # PEM: the server certificate, then its chain; it must name the router's node address.
+    certificate: str
+    # PEM the program's own clients (smoke test, verify, bench) verify the door against; unset:
+    # the system's trust store.
+    ca_certificate: str | None = None
+
+    @field_validator("certificate", "ca_certificate")
+    @classmethod
+    def _pem(cls, value: str | None) -> str | None:
+        if value is not None and "-----BEGIN CERTIFICATE-----" not in value:
+            raise ValueError(f"{value[:40]!r}... is not a PEM certificate; paste the file's text "
+                             "(-----BEGIN CERTIFICATE----- ...), e.g. with `pulumi config set "
+                             "--path router.door.tls.certificate \"$(cat door.crt)\"`")
+        return value
+
+
+class DoorSpec(Model):
+    """HAProxy on the router's node owns router.port in front of two router slots, so a router
+    replaced or dead costs no request (docs/door.md)."""
+
+    # Debian 12's haproxy package in an image, pinned by digest (`sim/sim build-door-image`
+    # builds one; docs/door.md says how to build yours).
+    image: str
+    # HAProxy's own Prometheus exporter (GET /metrics).
+    metrics_port: int = Field(default=29100, ge=1, le=65535)
+    # How often the door asks each slot's /readiness (/health for MiniLB); two answers in a row
+    # change its state.
+    health_check_interval_ms: int = Field(default=500, ge=100, le=60000)
+    slots: list[RouterSlotSpec] = Field(
+        default=[RouterSlotSpec(port=31001, metrics_port=29001),
+                 RouterSlotSpec(port=31002, metrics_port=29002)],
+        min_length=2, max_length=2)
+    tls: DoorTlsSpec | None = None
+
+    @field_validator("image")
+    @classmethod
+    def _pinned(cls, value: str) -> str:
+        problem = image_reference_problem(value)
+        if problem is not None:
+            raise ValueError(f"{value!r} {problem}; write REPOSITORY@sha256:DIGEST, e.g. the "
+                             "ref `sim/sim build-door-image` prints")
+        return value
+
+    def slot_named(self) -> dict[str, RouterSlotSpec]:
+        return dict(zip(SLOT_NAMES, self.slots, strict=True))
+
 
 class RouterSpec(Model):
     node: str
@@ -125,6 +185,9 @@ class RouterSpec(Model):
     # is replaced.
     drain_timeout_seconds: int = Field(default=600, ge=0)
     extra_args: list[str] = []
+    # Unset: one router on router.port. Set: the door owns router.port and two router slots
+    # serve behind it (router.metricsPort is then unused: each slot has its own).
+    door: DoorSpec | None = None
 
 
 class MooncakeMasterSpec(Model):

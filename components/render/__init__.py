@@ -11,11 +11,15 @@ and `layout.py` where things live on a node.
 """
 
 from .container_plan import ContainerPlan, container_labels, container_mounts, env_list
+from .door import (DOOR, door_admin_socket, door_ca_file, door_haproxy_config, door_plan,
+                   door_spec, door_url, remove_door_files_command, slot_role, slot_server,
+                   slot_url, write_door_config_command, write_door_tls_command)
 from .firewall import (firewall_apply_command, firewall_remove_command, firewall_ruleset,
                        firewall_table)
 from .layout import MOONCAKE_MASTER, NODE_ASSET_DIR, NODE_SCRIPTS, ROUTER, rank_role
 from .membership import (admit_command, drain_command, restore_command, router_ready_command,
-                         unwant_command, want_command)
+                         slot_admit_command, slot_drain_command, slot_unwant_command,
+                         slot_want_command, unwant_command, want_command)
 from .mooncake_master import mooncake_master_address, mooncake_master_command, mooncake_master_plan
 from .node_files import (prepare_dirs_command, prepare_image_command, prepared_image_id,
                          prepared_image_tag)
@@ -24,13 +28,31 @@ from .node_scripts import (bootstrap_url, connection_ssh_opts, docker_ssh_opts,
                            wait_healthy_command)
 from .prometheus import prometheus_targets
 from .router import (router_api_key_file, router_auth_header_file, router_command, router_plan,
-                     router_url,
+                     router_slots, router_url,
                      smoke_test_command, smoke_test_text, write_api_key_command)
 from .sglang import (group_endpoint, remove_worker_key_command, sglang_command, sglang_env,
                      sglang_launch_args, sglang_rank_plan, variables_set_in_every_container,
                      worker_key_file, worker_key_yaml, write_worker_key_command)
 
 __all__ = [
+    "DOOR",
+    "door_admin_socket",
+    "door_ca_file",
+    "door_haproxy_config",
+    "door_plan",
+    "door_spec",
+    "door_url",
+    "remove_door_files_command",
+    "router_slots",
+    "slot_admit_command",
+    "slot_drain_command",
+    "slot_role",
+    "slot_server",
+    "slot_unwant_command",
+    "slot_url",
+    "slot_want_command",
+    "write_door_config_command",
+    "write_door_tls_command",
     "MOONCAKE_MASTER",
     "NODE_ASSET_DIR",
     "NODE_SCRIPTS",

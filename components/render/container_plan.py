@@ -43,6 +43,8 @@ class ContainerPlan:
     restart: str
     runtime: str | None  # docker's --runtime; None: the engine's default
     health_url: str  # what its gate polls on its node
+    entrypoint: list[str] | None = None  # None: the image's own
+    stop_signal: str | None = None  # None: docker's SIGTERM
 
 
 def container_plan(cfg: ClusterConfig, role: str, node: str, command: list[str],

@@ -4,6 +4,10 @@ line becomes one shell line."""
 from __future__ import annotations
 
 import shlex
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..config import ClusterConfig
 
 
 # Where the program's own scripts (assets/) land on every node, mounted read-only into containers.
@@ -20,6 +24,13 @@ PREPARE_IMAGE_SCRIPT = f"{NODE_ASSET_DIR}/prepare-image.sh"
 
 MOONCAKE_MASTER = "mooncake-master"
 ROUTER = "router"
+
+
+def router_state_dir(cfg: ClusterConfig | int) -> str:
+    """On the router's node: its API key and the rollout's leases (one per router port, so two
+    stacks on the same nodes never share them). CFG or the router's port."""
+    port = cfg if isinstance(cfg, int) else cfg.router.port
+    return f"{NODE_ASSET_DIR}/router-{port}"
 
 
 def rank_role(group_name: str, rank: int) -> str:

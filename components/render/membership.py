@@ -18,15 +18,22 @@ restartGeneration) rolls the groups behind a router that serves.
 from __future__ import annotations
 
 from ..config import ClusterConfig
-from .layout import ROUTER_MEMBERS_SCRIPT, shell
-from .router import router_api_key_file, router_state_dir
+from ..config.schema import SLOT_NAMES
+from .door import door_admin_socket
+from .layout import ROUTER_MEMBERS_SCRIPT, router_state_dir, shell
+from .router import router_api_key_file, router_loopback_url, router_slots
 from .sglang import group_endpoint
 
 
-def _members(cfg: ClusterConfig, action: str, *args: str, timeout: int | None = None) -> str:
-    return shell(["python3", ROUTER_MEMBERS_SCRIPT, action,
-                  "--router", f"http://127.0.0.1:{cfg.router.port}",
-                  "--api-key-file", router_api_key_file(cfg),
+def _members(cfg: ClusterConfig, action: str, *args: str, timeout: int | None = None,
+             slots: list[str | None] | None = None) -> str:
+    """router-members.py ACTION on the router's node; SLOTS: the routers it talks to (every
+    one unless said)."""
+    routers: list[str] = []
+    for slot in router_slots(cfg) if slots is None else slots:
+        routers += ["--router", router_loopback_url(cfg, slot)]
+    key = ["--api-key-file", router_api_key_file(cfg)] if cfg.router.kind == "rust" else []
+    return shell(["python3", ROUTER_MEMBERS_SCRIPT, action, *routers, *key,
                   "--state-dir", router_state_dir(cfg),
                   "--timeout", str(cfg.gates.timeout_seconds if timeout is None else timeout),
                   "--interval", f"{cfg.gates.interval_seconds:g}",
@@ -64,10 +71,36 @@ def admit_command(cfg: ClusterConfig, group_name: str) -> str:
     return _members(cfg, "admit", *_group_args(cfg, group_name), *_bootstrap(cfg, group_name))
 
 
-def restore_command(cfg: ClusterConfig) -> str:
+def restore_command(cfg: ClusterConfig, slot: str | None = None) -> str:
     """A new router's first step: every group that should serve and is not out for its
     replacement, registered at once (the rest come back through their admission)."""
-    return _members(cfg, "restore")
+    return _members(cfg, "restore", slots=[slot])
+
+
+def slot_want_command(cfg: ClusterConfig, slot: str) -> str:
+    return _members(cfg, "slot-want", "--slot", slot, slots=[])
+
+
+def slot_unwant_command(cfg: ClusterConfig, slot: str) -> str:
+    return _members(cfg, "slot-unwant", "--slot", slot, slots=[])
+
+
+def slot_drain_command(cfg: ClusterConfig, slot: str) -> str:
+    """Before slot SLOT's router is replaced: the slot lease once the other slot serves at the
+    door, then drain at the door until its open requests end. Bounded by the gate timeout per
+    wait: the other slot's replacement has failed its gate by then."""
+    other = next(name for name in SLOT_NAMES if name != slot)
+    return _members(cfg, "slot-drain", "--slot", slot, "--other", other,
+                    "--door-socket", door_admin_socket(cfg),
+                    "--drain-timeout", str(cfg.router.drain_timeout_seconds), slots=[])
+
+
+def slot_admit_command(cfg: ClusterConfig, slot: str) -> str:
+    """Slot SLOT's new router: every group registered and healthy in it (rust), /readiness, then
+    ready at the door until the door's own check sees it up; gives the slot lease back."""
+    kind = ["--mini-lb"] if cfg.router.kind == "mini-lb" else []
+    return _members(cfg, "slot-admit", "--slot", slot, "--door-socket", door_admin_socket(cfg),
+                    *kind, slots=[slot])
 
 
 def router_ready_command(cfg: ClusterConfig) -> str:

@@ -6,7 +6,7 @@ from pathlib import PurePosixPath
 
 from ..config import ClusterConfig, ConnectionSpec, GroupSpec
 from .container_plan import ContainerPlan, container_mounts
-from .layout import MOONCAKE_MASTER, ROUTER, WAIT_HEALTHY_SCRIPT, container_name, rank_role, shell
+from .layout import MOONCAKE_MASTER, WAIT_HEALTHY_SCRIPT, container_name, rank_role, shell
 from .sglang import variables_set_in_every_container
 
 
@@ -44,7 +44,8 @@ def preflight_command(cfg: ClusterConfig, address: str, script: str) -> str:
     node = cfg.node(address)
     check = cfg.preflight
     # Only SGLang ranks load the model and get container.devices (see _plan).
-    runs_rank = any(role not in (MOONCAKE_MASTER, ROUTER) for role in cfg.roles_of(address))
+    runs_rank = any(role not in (MOONCAKE_MASTER, *cfg.router_roles)
+                    for role in cfg.roles_of(address))
     model = model_host_path(cfg) if check.check_model and runs_rank else None
     devices = cfg.container.devices if check.check_rdma and runs_rank else []
     argv = [

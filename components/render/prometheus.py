@@ -48,7 +48,7 @@ def prometheus_targets(cfg: ClusterConfig, stack: str) -> list[dict[str, object]
                 "labels": {"stack": stack, "role": rank_role(name, rank), "group": name,
                            "mode": group.mode, "rank": str(rank), "node": node},
             })
-    door = getattr(cfg.router, "door", None)
+    door = cfg.router.door
     if door is not None:
         slots = {name: slot.metrics_port for name, slot in door.slot_named().items()}
         targets += door_targets(stack, cfg.router.node, door.metrics_port, slots,

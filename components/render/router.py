@@ -6,21 +6,27 @@ import json
 
 from ..config import ClusterConfig
 from .container_plan import ContainerPlan, container_plan
-from .layout import NODE_ASSET_DIR, ROUTER, ROUTER_LAUNCH_SCRIPT, SMOKE_TEST_SCRIPT, shell
+from .door import door_ca_file, door_spec, door_url, slot_role
+from .layout import ROUTER, ROUTER_LAUNCH_SCRIPT, SMOKE_TEST_SCRIPT, router_state_dir, shell
 from .node_files import launch_wrapper
 from .sglang import group_endpoint
 
 ROUTER_MODULE = ["python3", "-m", "sglang_router.launch_router"]
 
 
-def router_command(cfg: ClusterConfig) -> list[str]:
-    """`python3 -m sglang_router.launch_router ...` as sglang-router 0.3.2 parses it.
+def router_command(cfg: ClusterConfig, slot: str | None = None) -> list[str]:
+    """`python3 -m sglang_router.launch_router ...` as sglang-router 0.3.2 parses it; SLOT: one of
+    the door's two routers, on its own ports.
 
     MiniLB has a fixed worker list, so every group is on it. The rust router starts with none:
     each group's Membership admits it through the worker API once the group's gate passes, and
     drains it before it is replaced (docs/decisions.md).
     """
     router = cfg.router
+    port, metrics_port = router.port, router.metrics_port
+    if slot is not None:
+        spec = door_spec(cfg).slot_named()[slot]
+        port, metrics_port = spec.port, spec.metrics_port
     args = [*ROUTER_MODULE, "--pd-disaggregation"]
     if router.kind == "mini-lb":
         args.append("--mini-lb")
@@ -39,25 +45,32 @@ def router_command(cfg: ClusterConfig) -> list[str]:
             "--retry-max-retries", str(router.retry_max_retries),
             "--health-check-interval-secs", str(router.health_check_interval_seconds),
             "--health-failure-threshold", str(router.health_failure_threshold),
-            "--prometheus-port", str(router.metrics_port),
+            "--prometheus-port", str(metrics_port),
             "--prometheus-host", "0.0.0.0",
             # On SIGTERM (its container replaced) it stops accepting and lets the requests it has
             # finish for this long; docker waits as long before killing it (Router).
             "--shutdown-grace-period-secs", str(router.drain_timeout_seconds),
         ]
-    args += ["--host", router.host, "--port", str(router.port)]
+    args += ["--host", router.host, "--port", str(port)]
     return args + list(router.extra_args)
 
 
 def router_url(cfg: ClusterConfig) -> str:
+    """Where clients send requests: the door when there is one, else the router itself."""
+    if cfg.router.door is not None:
+        return door_url(cfg)
     return f"http://{cfg.router.node}:{cfg.router.port}"
 
 
-def router_state_dir(cfg: ClusterConfig | int) -> str:
-    """On the router's node: its API key and the rollout's leases (one per router port, so two
-    stacks on the same nodes never share them). CFG or the router's port."""
-    port = cfg if isinstance(cfg, int) else cfg.router.port
-    return f"{NODE_ASSET_DIR}/router-{port}"
+def router_slots(cfg: ClusterConfig) -> list[str | None]:
+    """The routers: [None] (one, on router.port), or the door's two slots."""
+    return [None] if cfg.router.door is None else list(door_spec(cfg).slot_named())
+
+
+def router_loopback_url(cfg: ClusterConfig, slot: str | None = None) -> str:
+    """The router (SLOT) as the scripts on its node reach it."""
+    port = cfg.router.port if slot is None else door_spec(cfg).slot_named()[slot].port
+    return f"http://127.0.0.1:{port}"
 
 
 def router_api_key_file(cfg: ClusterConfig | int) -> str:
@@ -70,22 +83,24 @@ def router_auth_header_file(cfg: ClusterConfig | int) -> str:
     return f"{router_state_dir(cfg)}/auth-header"
 
 
-def router_container_command(cfg: ClusterConfig) -> list[str]:
+def router_container_command(cfg: ClusterConfig, slot: str | None = None) -> list[str]:
     """The rust router gets its API key from a file (router-launch.py hands it to the router's own
     parser), never on a command line that `ps` and `docker inspect` show."""
     if cfg.router.kind == "mini-lb":
-        return launch_wrapper(cfg) + router_command(cfg)
+        return launch_wrapper(cfg) + router_command(cfg, slot)
     return launch_wrapper(cfg) + ["python3", ROUTER_LAUNCH_SCRIPT, "--api-key-file",
                                   router_api_key_file(cfg), "--",
-                                  *router_command(cfg)[len(ROUTER_MODULE):]]
+                                  *router_command(cfg, slot)[len(ROUTER_MODULE):]]
 
 
-def router_plan(cfg: ClusterConfig) -> ContainerPlan:
+def router_plan(cfg: ClusterConfig, slot: str | None = None) -> ContainerPlan:
     # /health: liveness only (the rust router binds before any worker is admitted); whether it
     # routes is the RouterReadiness check's, after every group's admission.
-    return container_plan(cfg, ROUTER, cfg.router.node, router_container_command(cfg),
-                          dict(cfg.container.env), router_url(cfg) + "/health",
-                          gpu_workload=False)
+    role = ROUTER if slot is None else slot_role(slot)
+    health = (router_url(cfg) if slot is None
+              else f"http://{cfg.router.node}:{door_spec(cfg).slot_named()[slot].port}")
+    return container_plan(cfg, role, cfg.router.node, router_container_command(cfg, slot),
+                          dict(cfg.container.env), health + "/health", gpu_workload=False)
 
 
 def write_api_key_command(cfg: ClusterConfig) -> str:
@@ -107,6 +122,8 @@ def smoke_test_command(cfg: ClusterConfig) -> str:
     ]
     if cfg.router.kind == "rust":
         argv += ["--header-file", router_auth_header_file(cfg)]
+    if cfg.router.door is not None and door_spec(cfg).tls is not None:
+        argv += ["--cacert", door_ca_file(cfg)]
     return shell(argv)
 
 

@@ -60,6 +60,8 @@ AUTHORIZED = {"Authorization": f"Bearer {ROUTER_API_KEY}"}
 def sim_values(sim: SimCluster, stack: str = "sim", **changes) -> dict:
     values = copy.deepcopy(stack_values(stack))
     values["image"] = sim.image
+    if values["router"].get("door") is not None:
+        values["router"]["door"]["image"] = sim.door_image
     values.update(changes)
     return values
 

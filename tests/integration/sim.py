@@ -32,6 +32,14 @@ class SimCluster:
         older tags), so it is read afresh rather than remembered."""
         return sim_exports()["KIMIPD_SIM_IMAGE"]
 
+    @property
+    def door_image(self) -> str:
+        """The door's image (HAProxy from Debian's package), pinned: `sim/sim build-door-image`
+        builds it once per its inputs and prints REPO@DIGEST."""
+        result = _sim("build-door-image", timeout=900)
+        assert result.returncode == 0, f"sim/sim build-door-image:\n{result.stderr[-3000:]}"
+        return result.stdout.strip().splitlines()[-1]
+
     def ssh(self, node: str, command: str, timeout: int = 600,
             stdin: str | None = None) -> subprocess.CompletedProcess:
         """Run a shell line on a sim node over its real sshd (DOCKER_HOST is the node's dockerd)."""

@@ -1,0 +1,211 @@
+"""The door: HAProxy's configuration, its files on the router's node, and its container.
+
+HAProxy (Debian 12's 2.6 package) owns router.port and sends each request to one of two router
+slots on their own ports; a slot is drained at the door (runtime API) before it is replaced, and
+a connection refused by a dying slot is retried on the other one, never a request that reached a
+router (a PD dispatch is not idempotent: upstream SGLang PR #34570). docs/door.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..config import ClusterConfig
+from ..config.schema import SLOT_NAMES, DoorSpec
+from .container_plan import ContainerPlan, container_plan
+from .layout import container_name, router_state_dir, shell
+
+DOOR = "door"
+HAPROXY = "/usr/sbin/haproxy"
+BACKEND = "slots"
+
+
+def door_spec(cfg: ClusterConfig) -> DoorSpec:
+    if cfg.router.door is None:
+        raise ValueError("router.door is not set")
+    return cfg.router.door
+
+
+def slot_role(slot: str) -> str:
+    return f"router-{slot}"
+
+
+def slot_server(slot: str) -> str:
+    """The slot's server name in the door's backend (and in the runtime API)."""
+    return f"slot-{slot}"
+
+
+def door_dir(cfg: ClusterConfig) -> str:
+    """The door's own directory on the router's node, the only one it mounts (read-write: the
+    admin socket lives there)."""
+    return f"{router_state_dir(cfg)}/door"
+
+
+def door_config_file(cfg: ClusterConfig) -> str:
+    return f"{door_dir(cfg)}/haproxy.cfg"
+
+
+def door_admin_socket(cfg: ClusterConfig) -> str:
+    return f"{door_dir(cfg)}/admin.sock"
+
+
+def door_state_file(cfg: ClusterConfig) -> str:
+    return f"{door_dir(cfg)}/servers.state"
+
+
+def door_tls_file(cfg: ClusterConfig) -> str:
+    """Certificate chain and key in one PEM (HAProxy's `crt`); mode 0600, written from stdin."""
+    return f"{door_dir(cfg)}/tls.pem"
+
+
+def door_ca_file(cfg: ClusterConfig) -> str:
+    """What the program's own clients on the node (the smoke test) verify the door against."""
+    return f"{door_dir(cfg)}/ca.pem"
+
+
+def door_url(cfg: ClusterConfig) -> str:
+    scheme = "https" if door_spec(cfg).tls is not None else "http"
+    return f"{scheme}://{cfg.router.node}:{cfg.router.port}"
+
+
+def door_health_url(cfg: ClusterConfig) -> str:
+    """The door's own liveness (HAProxy's monitor-uri on the exporter's plain-HTTP port): up even
+    while no slot is."""
+    return f"http://{cfg.router.node}:{door_spec(cfg).metrics_port}/health"
+
+
+def slot_port(cfg: ClusterConfig, slot: str) -> int:
+    return door_spec(cfg).slot_named()[slot].port
+
+
+def slot_url(cfg: ClusterConfig, slot: str) -> str:
+    return f"http://{cfg.router.node}:{slot_port(cfg, slot)}"
+
+
+def slot_loopback_url(cfg: ClusterConfig, slot: str) -> str:
+    return f"http://127.0.0.1:{slot_port(cfg, slot)}"
+
+
+def slot_check_path(cfg: ClusterConfig) -> str:
+    # The rust router's /readiness is 200 once it has a healthy prefill and decode (and needs no
+    # key); MiniLB has no readiness, its /health is liveness.
+    return "/readiness" if cfg.router.kind == "rust" else "/health"
+
+
+def door_haproxy_config(cfg: ClusterConfig) -> str:
+    """haproxy.cfg, the door's whole behaviour (it is the config command's stdin, so the preview
+    shows every change of it)."""
+    door = door_spec(cfg)
+    router = cfg.router
+    # A request may take router.requestTimeoutSeconds end to end (a stream included); the door
+    # must not cut it first.
+    longest = router.request_timeout_seconds + 30 if router.kind == "rust" else 3600
+    bind = f"bind {router.host}:{router.port}"
+    if door.tls is not None:
+        bind += f" ssl crt {door_tls_file(cfg)} alpn h2,http/1.1"
+    interval = door.health_check_interval_ms
+    lines = [
+        "# kimipd door: HAProxy owns router.port in front of two router slots (docs/door.md).",
+        "# Rendered by components/render/door.py; slot states change through the admin socket.",
+        "global",
+        "    master-worker",
+        f"    stats socket {door_admin_socket(cfg)} mode 600 level admin",
+        "    stats timeout 30s",
+        "    log stdout format raw local0",
+        # A reload forgets a slot's drain; the config command saves the states first.
+        f"    server-state-file {door_state_file(cfg)}",
+        # A reload keeps the listener; the old worker finishes its streams, at most this long.
+        f"    hard-stop-after {longest}s",
+        "",
+        "defaults",
+        "    mode http",
+        "    log global",
+        "    load-server-state-from-file global",
+        "    timeout connect 2s",
+        f"    timeout client {longest}s",
+        f"    timeout server {longest}s",
+        "    timeout http-request 30s",
+        "    timeout http-keep-alive 10s",
+        "    timeout queue 30s",
+        "    timeout check 2s",
+        # A connection a slot refused (stopping, dead) goes to the other slot; a request that
+        # reached a router is never sent again (SGLang PR #34570: PD legs are not idempotent).
+        "    retries 3",
+        "    option redispatch 1",
+        "    retry-on conn-failure",
+        "",
+        "frontend door",
+        f"    {bind}",
+        # The access log (`kimipd logs --role door`): client, slot, timings, status, bytes.
+        "    option httplog",
+        f"    default_backend {BACKEND}",
+        "",
+        "frontend exporter",
+        f"    bind {router.host}:{door.metrics_port}",
+        "    monitor-uri /health",
+        "    http-request use-service prometheus-exporter if { path /metrics }",
+        "    no log",
+        "",
+        f"backend {BACKEND}",
+        # Streams are long: the slot with fewer open requests gets the next one.
+        "    balance leastconn",
+        f"    option httpchk GET {slot_check_path(cfg)}",
+        "    http-check expect status 200",
+        f"    default-server inter {interval} fastinter {interval} downinter {interval} "
+        "fall 2 rise 2",
+    ]
+    for slot in SLOT_NAMES:
+        lines.append(f"    server {slot_server(slot)} {slot_loopback_url(cfg, slot)[7:]} check")
+    return "\n".join(lines) + "\n"
+
+
+def reload_door_command(cfg: ClusterConfig) -> str:
+    """A running door re-reads its files: the slots' states saved first (a reload would forget
+    a drain), then SIGUSR2 to the master, which keeps the listening sockets (no connection
+    refused) while the old worker finishes its requests. Nothing when the door is not running."""
+    door = shell([container_name(DOOR)])
+    save = shell(["sh", "-c", f"echo 'show servers state' | socat stdio "
+                  f"{door_admin_socket(cfg)} > {door_state_file(cfg)}"])
+    return (f"if [ \"$(docker inspect -f '{{{{.State.Running}}}}' {door} 2>/dev/null)\" = true ]; "
+            f"then docker exec {door} {save} && docker kill --signal USR2 {door} >/dev/null; fi")
+
+
+def write_door_config_command(cfg: ClusterConfig) -> str:
+    """stdin (haproxy.cfg) checked by the door image's own haproxy, moved into place, and a
+    running door reloaded."""
+    directory, target = door_dir(cfg), door_config_file(cfg)
+    new = target + ".new"
+    check = ["docker", "run", "--rm", "--network", "none", "--entrypoint", HAPROXY,
+             "-v", f"{directory}:{directory}:ro", door_spec(cfg).image, "-c", "-q", "-f", new]
+    return (f"mkdir -p {shell([directory])} && chmod 700 {shell([directory])} && "
+            f"cat > {shell([new])} && {shell(check)} && mv {shell([new, target])} && "
+            f"{reload_door_command(cfg)}")
+
+
+def remove_door_files_command(cfg: ClusterConfig) -> str:
+    return f"rm -rf {shell([door_dir(cfg)])}"
+
+
+def write_door_tls_command(cfg: ClusterConfig) -> str:
+    """stdin (certificate chain, then key) into the door's PEM, readable by root only; the CA the
+    smoke test verifies against beside it; a running door reloaded."""
+    tls = door_spec(cfg).tls
+    assert tls is not None
+    pem, ca = door_tls_file(cfg), door_ca_file(cfg)
+    ca_text = tls.ca_certificate or tls.certificate
+    return (f"umask 077 && mkdir -p {shell([door_dir(cfg)])} && cat > {shell([pem + '.new'])} && "
+            f"mv {shell([pem + '.new', pem])} && printf '%s\\n' {shell([ca_text.strip()])} > "
+            f"{shell([ca])} && {reload_door_command(cfg)}")
+
+
+def door_plan(cfg: ClusterConfig) -> ContainerPlan:
+    plan = container_plan(cfg, DOOR, cfg.router.node,
+                          ["-W", "-db", "-f", door_config_file(cfg)], {}, door_health_url(cfg),
+                          gpu_workload=False)
+    # Only its own directory; no restart generation either: replacing the door refuses
+    # connections, so only a change of the door itself (its image) does (docs/door.md).
+    # SIGUSR1: HAProxy's soft stop (refuse new connections, finish the open ones); docker's
+    # SIGTERM would cut every stream at once.
+    return dataclasses.replace(plan, labels={"kimipd.role": DOOR},
+                               mounts=[(door_dir(cfg), door_dir(cfg), False)],
+                               entrypoint=[HAPROXY], ulimits={}, stop_signal="SIGUSR1")

@@ -1,0 +1,128 @@
+"""The door (HAProxy in front of two router slots), as rendered from the model."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+
+import pytest
+
+from components.config import ConfigError, load_cluster_config
+from components.render import (door_haproxy_config, door_plan, drain_command, firewall_ruleset,
+                               router_command, router_plan, router_url, slot_admit_command,
+                               slot_drain_command, smoke_test_command)
+from tests.conftest import REPO
+
+CERT = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+
+
+def config(pro6000: dict, **door):
+    values = copy.deepcopy(pro6000)
+    values["router"]["door"] = {**values["router"]["door"], **door}
+    return load_cluster_config(values)
+
+
+def test_the_door_owns_router_port_and_each_slot_has_its_own_ports(pro6000: dict) -> None:
+    cfg = load_cluster_config(pro6000)
+    haproxy = door_haproxy_config(cfg).splitlines()
+    assert "    bind 0.0.0.0:31000" in haproxy
+    assert "    server slot-a 127.0.0.1:31001 check" in haproxy
+    assert "    server slot-b 127.0.0.1:31002 check" in haproxy
+    # The rust router's readiness (a healthy prefill and decode), not its liveness.
+    assert "    option httpchk GET /readiness" in haproxy
+    argv = router_command(cfg, "b")
+    assert argv[argv.index("--port") + 1] == "31002"
+    assert argv[argv.index("--prometheus-port") + 1] == "29002"
+    assert router_plan(cfg, "a").name == "kimipd-router-a"
+    assert router_url(cfg) == "http://174.1.60.5:31000"
+    assert cfg.roles_of("174.1.60.5")[-3:] == ["door", "router-a", "router-b"]
+
+
+def test_only_a_refused_connection_is_retried_on_the_other_slot(pro6000: dict) -> None:
+    lines = [line.strip() for line in door_haproxy_config(load_cluster_config(pro6000))
+             .splitlines()]
+    # A request that reached a router is never replayed (a PD dispatch is not idempotent).
+    assert [line for line in lines if line.startswith("retry-on")] == ["retry-on conn-failure"]
+    assert "option redispatch 1" in lines
+    assert not [line for line in lines if "http-buffer-request" in line or "redispatch" in line
+                and line != "option redispatch 1"]
+
+
+def test_the_door_survives_restart_generation_and_stops_softly(pro6000: dict) -> None:
+    plan = door_plan(load_cluster_config(pro6000))
+    # Its labels carry no restart generation: a bump rolls the slots behind it, not the door.
+    assert plan.labels == {"kimipd.role": "door"}
+    assert plan.stop_signal == "SIGUSR1"
+    assert plan.entrypoint == ["/usr/sbin/haproxy"]
+    assert plan.mounts == [("/opt/kimipd/router-31000/door", "/opt/kimipd/router-31000/door",
+                            False)]
+
+
+def test_minilb_slots_are_checked_on_health(pro6000: dict) -> None:
+    values = copy.deepcopy(pro6000)
+    values["router"] = {"node": "174.1.60.5", "kind": "mini-lb", "door": values["router"]["door"]}
+    cfg = load_cluster_config(values)
+    assert "    option httpchk GET /health" in door_haproxy_config(cfg).splitlines()
+    assert "--mini-lb" in slot_admit_command(cfg, "a")
+
+
+def test_every_group_drain_talks_to_both_slots(pro6000: dict) -> None:
+    cfg = load_cluster_config(pro6000)
+    drain = drain_command(cfg, "prefill")
+    assert "--router http://127.0.0.1:31001 --router http://127.0.0.1:31002" in drain
+    slot = slot_drain_command(cfg, "a")
+    assert "--slot a --other b --door-socket /opt/kimipd/router-31000/door/admin.sock" in slot
+
+
+def test_slot_ports_are_members_only_and_the_door_and_exporter_are_not(pro6000: dict) -> None:
+    cfg = load_cluster_config(pro6000)
+    rules = firewall_ruleset(cfg, "174.1.60.5")
+    assert "tcp dport 31000 accept" in rules
+    assert "31001" not in rules and "31002" not in rules
+    # The exporter and the slots' metrics are metrics ports (firewall.monitoringHosts).
+    assert cfg.metrics_ports_on("174.1.60.5") == [29001, 29002, 29100, 30000]
+
+
+def test_a_slot_port_that_collides_is_refused_by_its_key(pro6000: dict) -> None:
+    with pytest.raises(ConfigError) as refused:
+        config(pro6000, slots=[{"port": 31000, "metricsPort": 29001},
+                               {"port": 31002, "metricsPort": 29002}])
+    assert "router.door.slots[0].port: 31000 on 174.1.60.5 is already used by router.port" \
+        in str(refused.value)
+    with pytest.raises(ConfigError) as refused:
+        config(pro6000, slots=[{"port": 31001, "metricsPort": 29001}])
+    assert "router.door.slots" in str(refused.value)
+
+
+def test_tls_serves_https_and_the_smoke_test_verifies_it(pro6000: dict) -> None:
+    cfg = config(pro6000, tls={"certificate": CERT})
+    assert router_url(cfg) == "https://174.1.60.5:31000"
+    assert ("    bind 0.0.0.0:31000 ssl crt /opt/kimipd/router-31000/door/tls.pem "
+            "alpn h2,http/1.1") in door_haproxy_config(cfg).splitlines()
+    assert "--cacert /opt/kimipd/router-31000/door/ca.pem" in smoke_test_command(cfg)
+    with pytest.raises(ConfigError) as refused:
+        config(pro6000, tls={"certificate": "not a certificate"})
+    assert "router.door.tls.certificate" in str(refused.value)
+    assert "not a PEM certificate" in str(refused.value)
+
+
+def test_router_members_parses_the_doors_show_stat() -> None:
+    """The runtime API's `show stat` CSV (HAProxy 2.6.12, as the door image's answered)."""
+    script = REPO / "assets" / "router-members.py"
+    code = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('members', {str(script)!r})\n"
+        "members = importlib.util.module_from_spec(spec); spec.loader.exec_module(members)\n"
+        "door = members.Door('/nonexistent')\n"
+        "door.ask = lambda line: ('# pxname,svname,qcur,qmax,scur,smax,status,\\n'\n"
+        "  'door,FRONTEND,,,3,9,OPEN,\\n'\n"
+        "  'slots,slot-a,0,0,2,4,DRAIN,\\n'\n"
+        "  'slots,slot-b,1,1,5,5,UP 1/2,\\n'\n"
+        "  'slots,BACKEND,0,0,7,9,UP,\\n')\n"
+        "rows = door.servers()\n"
+        "print(sorted(rows), rows['slot-a']['status'], rows['slot-b']['scur'],\n"
+        "      members.mine_serves('UP 1/2'), members.mine_serves('DOWN'))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True)
+    assert result.stdout.split() == ["['slot-a',", "'slot-b']", "DRAIN", "5", "True", "False"]
