@@ -1,0 +1,165 @@
+"""The door on the sim, through the real engine: HAProxy (Debian's package) owns router.port in
+front of two keyed rust router slots, 2P2D (Pulumi.sim-2p2d.yaml), under a bounded load of
+10 requests/s, half of them streamed at 26 tokens/s. One stack, one `up`, then in order: a
+router-only change, a restartGeneration bump (every container but the door) and a SIGKILL of a
+serving slot healed by refresh + up (what `kimipd reconcile` runs); each fails no request."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+from pulumi import automation as auto
+
+from sim.automation import Project
+from tests.integration.engine import (  # noqa: F401 - fixtures
+    CONTAINER, Events, StreamingLoad, container_ids, env, kimipd, new_stack, project, sim,
+    sim_values)
+from tests.integration.sim import SimCluster
+
+ROUTER_NODE = "10.231.60.5"
+SOCKET = "/opt/kimipd/router-31000/door/admin.sock"
+
+
+def door_values(sim: SimCluster) -> dict:
+    values = sim_values(sim, "sim-2p2d")
+    # Streams long enough to be in flight while a slot drains (26 tokens at 26 tokens/s).
+    values["container"]["env"] = {**values["container"]["env"],
+                                  "SGLANG_STANDIN_DECODE_TOKENS_PER_S": "26"}
+    return values
+
+
+@pytest.fixture(scope="module")
+def stack(project: Project, sim: SimCluster) -> Iterator[auto.Stack]:
+    stack = new_stack(project, sim, "door", door_values(sim))
+    stack.up(on_output=print)
+    yield stack
+    stack.destroy(on_output=print)
+
+
+def door_servers(sim: SimCluster) -> dict[str, dict[str, str]]:
+    """The door's `show stat` rows of its two slots, read on the router's node."""
+    script = ("import socket,sys\ns=socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\n"
+              "s.sendall(b'show stat\\n')\nd=b''\nwhile True:\n c=s.recv(65536)\n if not c: break\n"
+              " d+=c\nprint(d.decode())\n")
+    result = sim.ssh(ROUTER_NODE, f"python3 - {SOCKET}", stdin=script)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout[2:].strip().splitlines()
+    header = lines[0].split(",")
+    rows = [dict(zip(header, line.split(","))) for line in lines[1:]]
+    return {row["svname"]: row for row in rows
+            if row.get("pxname") == "slots" and row["svname"].startswith("slot-")}
+
+
+def up_under_load(stack: auto.Stack, what: str) -> tuple[Events, StreamingLoad]:
+    events = Events()
+    with StreamingLoad() as load:
+        time.sleep(2)
+        stack.up(on_event=events, on_output=print)
+        time.sleep(2)
+    print(load.summary(what))
+    return events, load
+
+
+def replaced(events: Events, name: str) -> int:
+    """When the engine began deleting NAME's old container (a delete-before-replace)."""
+    return events.index("pre", "delete-replaced", name, CONTAINER)
+
+
+def test_the_door_serves_through_both_slots_and_status_shows_them(
+        stack: auto.Stack, sim: SimCluster, project: Project) -> None:
+    outputs = stack.outputs()
+    assert outputs["routerUrl"].value == "http://10.231.60.5:31000"
+    door = outputs["door"].value
+    assert sorted(door["slots"]) == ["a", "b"]
+    servers = door_servers(sim)
+    assert {name: row["status"] for name, row in servers.items()} == {"slot-a": "UP",
+                                                                       "slot-b": "UP"}
+    with StreamingLoad(rate=10) as load:
+        time.sleep(6)
+    assert not load.failed(), load.summary("steady state")
+    # leastconn over two slots: both carried requests.
+    served = {name: int(row["stot"]) for name, row in door_servers(sim).items()}
+    assert all(count > 0 for count in served.values()), served
+    status = kimipd(project, "door", "status")
+    assert "slot-a" in status.stdout and "slot-b" in status.stdout, status.stdout
+
+
+def test_a_router_only_change_rolls_the_slots_one_at_a_time_and_fails_nothing(
+        stack: auto.Stack, sim: SimCluster, project: Project) -> None:
+    values = door_values(sim)
+    values["router"]["extraArgs"] = ["--log-level", "warn"]
+    project.write_stack("door", values)
+    before = container_ids(sim)
+    events, load = up_under_load(stack, "router-only change")
+    assert not load.failed(), load.summary("router-only change")
+    after = container_ids(sim)
+    assert before["kimipd-door"] == after["kimipd-door"]
+    assert before["kimipd-router-a"] != after["kimipd-router-a"]
+    assert before["kimipd-router-b"] != after["kimipd-router-b"]
+    # One slot at a time: whichever went first was up at the door again before the other went.
+    first, second = sorted(["router-a", "router-b"], key=lambda name: replaced(events, name))
+    assert events.index("done", "create", f"{first}-door-admit") < replaced(events, second)
+    assert {row["status"] for row in door_servers(sim).values()} == {"UP"}
+
+
+def test_a_restart_generation_bump_keeps_the_door_and_fails_nothing(
+        stack: auto.Stack, sim: SimCluster, project: Project) -> None:
+    values = door_values(sim)
+    values["router"]["extraArgs"] = ["--log-level", "warn"]
+    values["restartGeneration"] = 1
+    project.write_stack("door", values)
+    before = container_ids(sim)
+    _, load = up_under_load(stack, "restartGeneration bump")
+    assert not load.failed(), load.summary("restartGeneration bump")
+    after = container_ids(sim)
+    assert before["kimipd-door"] == after["kimipd-door"]
+    changed = sorted(name for name in before if before[name] != after.get(name))
+    assert "kimipd-door" not in changed
+    assert {"kimipd-router-a", "kimipd-router-b", "kimipd-prefill-a-r0",
+            "kimipd-decode-b-r0"} <= set(changed), changed
+
+
+def test_a_killed_slot_costs_only_its_open_requests_and_heals_alone(
+        stack: auto.Stack, sim: SimCluster, project: Project) -> None:
+    with StreamingLoad() as load:
+        time.sleep(3)
+        open_on_a = int(door_servers(sim)["slot-a"]["scur"])
+        killed_at = time.monotonic()
+        assert sim.docker(ROUTER_NODE, "kill", "--signal", "KILL",
+                          "kimipd-router-a").returncode == 0
+        time.sleep(8)
+        # Every request sent after the kill went to slot b (a refused connection is retried
+        # there); only what slot a had open at that instant could be lost.
+        after_kill = load.failed(since=killed_at + 0.01)
+        servers = door_servers(sim)
+    print(load.summary("SIGKILL of slot a") + f"; {open_on_a} open on slot a when killed")
+    assert not after_kill, after_kill
+    assert len(load.failed()) <= open_on_a
+    assert servers["slot-a"]["status"].startswith("DOWN"), servers["slot-a"]
+    assert servers["slot-b"]["status"] == "UP"
+    # What `kimipd reconcile` runs for a dead unit: refresh records the exited container, up
+    # replaces it (and only it) and brings it back to the door.
+    stack.refresh(on_output=print)
+    events, heal = up_under_load(stack, "heal of slot a")
+    assert not heal.failed(), heal.summary("heal of slot a")
+    containers = {urn.rsplit("::", 1)[-1] for phase, op, urn in events.steps
+                  if phase == "pre" and op not in ("same", "refresh") and CONTAINER in urn}
+    assert containers == {"router-a"}, containers
+    assert {row["status"] for row in door_servers(sim).values()} == {"UP"}
+    print(json.dumps({name: row["status"] for name, row in door_servers(sim).items()}))
+
+
+def test_preview_of_a_router_change_names_the_slots_drains(
+        stack: auto.Stack, sim: SimCluster, project: Project) -> None:
+    values = copy.deepcopy(door_values(sim))
+    values["router"]["extraArgs"] = ["--log-level", "info"]
+    values["restartGeneration"] = 1
+    project.write_stack("door", values)
+    preview = stack.preview(diff=True)
+    text = preview.stdout
+    assert "router-a-door-drain" in text and "router-b-door-drain" in text
+    assert "slot-drain" in text
