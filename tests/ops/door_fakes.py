@@ -125,6 +125,12 @@ class AdminSocket:
         os.rmdir(self.directory)
 
 
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        # A health checker (HAProxy's) that resets the connection once it has the status line.
+        pass
+
+
 class _Server:
     """A ThreadingHTTPServer on HOST whose GET/POST answers come from `answer`."""
 
@@ -151,7 +157,7 @@ class _Server:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer((host, free_port(host)), Handler)
+        self.server = _QuietServer((host, free_port(host)), Handler)
         if tls is not None:
             self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
         self.host, self.port = host, self.server.server_address[1]
@@ -185,7 +191,8 @@ class HealthOnly(_Server):
 
 
 class FakeSlot(_Server):
-    """A rust router slot: /health (alive), /readiness (ready), GET /workers with the key."""
+    """A rust router slot: /health (alive), /readiness (ready), GET /workers with the key,
+    POST /generate."""
 
     def __init__(self, host: str, groups: dict[str, HealthOnly]) -> None:
         self.ready = True
@@ -202,6 +209,8 @@ class FakeSlot(_Server):
             return 200, {"status": "ok"}
         if path == "/readiness":
             return (200, {"status": "ready"}) if self.ready else (503, {"status": "not_ready"})
+        if path == "/generate" and method == "POST":
+            return 200, {"text": "pong"}
         if path == "/workers" and self.kind == "rust":
             if authorization != f"Bearer {KEY}":
                 return 401, {"error": "unauthorized"}
