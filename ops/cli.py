@@ -48,7 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="One row per container (mc-master, every rank of every group, router): "
                     "node, docker state and uptime (docker inspect over SSH), the "
                     "kimipd.restart-generation label, its healthUrl; then one 1-token /generate "
-                    "through the router. Probes run in parallel, each with its own timeout.",
+                    "through the router. With the door: its port, each slot's readiness and "
+                    "state at the door (HAProxy's runtime API over SSH) and each group's place "
+                    "in each slot (registered, healthy, load). Probes run in parallel, each "
+                    "with its own timeout.",
         epilog=EXIT_CODES)
     _common(status, suppress=True)
     status.add_argument("--json", action="store_true", help="print JSON instead of the table "
@@ -73,8 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXIT_CODES)
     _common(logs, suppress=True)
     logs.add_argument("--role", action="append", default=[], metavar="ROLE",
-                      help="only these containers (and their nodes): a role (decode-r1), a "
-                           "role prefix (decode, mooncake), a group name or mode; repeatable")
+                      help="only these containers (and their nodes): a role (decode-r1; "
+                           "door: the door's access log; router-a), a role prefix (decode, "
+                           "mooncake, router: the router or both of the door's slots), a group "
+                           "name or mode; repeatable")
     logs.add_argument("--since", default="1h",
                       help="docker logs --since: a duration (30m, 2h) or a time (default 1h)")
     logs.add_argument("--out", type=Path, default=Path("."), metavar="DIR",
@@ -146,7 +151,7 @@ def console() -> Console:
 
 
 def run_status(args: argparse.Namespace, stack: Stack, transport: Transport) -> int:
-    prober = Prober(transport, args.timeout, args.via)
+    prober = Prober(transport, args.timeout, args.via, tls=status_command.door_tls(stack))
     out = console()
 
     def once() -> status_command.Report:
@@ -154,7 +159,8 @@ def run_status(args: argparse.Namespace, stack: Stack, transport: Transport) -> 
         if forget is not None:
             forget()
         return status_command.collect(stack.topology, transport, prober, args.timeout,
-                                      args.generate_timeout, stack.router_api_key)
+                                      args.generate_timeout, stack.router_api_key,
+                                      stack.router_kind)
 
     if not args.watch:
         report = once()

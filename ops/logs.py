@@ -2,6 +2,10 @@
 in parallel over SSH: each kimipd-* container's `docker logs` and `docker inspect`, and the
 node's `nvidia-smi`, `ibstat`, `rdma link` and `docker ps -a`. A tool a node does not have is
 noted as absent; a node that cannot be reached is noted as failed; the bundle is always written.
+
+With the door, its container's `docker logs` is the door's access log (HAProxy logs every
+request to stdout), and the bundle adds the door's runtime state (`show stat`, `show servers
+state`) from its admin socket.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from . import DEGRADED, DOWN, OK
+from .door import runtime_api_command
 from .remote import RemoteError, Transport
-from .stack import ContainerRef, Topology
+from .stack import DOOR, ContainerRef, Door, Topology
 
 # Node-wide diagnostics: file name -> program and arguments. Missing programs are expected
 # (no GPUs on a router-only node, no RDMA tools in a minimal install).
@@ -30,6 +35,11 @@ NODE_COMMANDS = {
     "rdma-link.txt": ["rdma", "link"],
     "docker-ps.txt": ["docker", "ps", "-a", "--filter", "name=^kimipd-",
                       "--format", "table {{.Names}}\t{{.Image}}\t{{.Status}}\t{{.Labels}}"],
+}
+# The door's runtime state: file name -> runtime API command (ops/door.py sends it).
+DOOR_COMMANDS = {
+    "door-show-stat.csv": "show stat",
+    "door-servers-state.txt": "show servers state",
 }
 ABSENT = 127  # the shell's "command not found"
 _SINCE = re.compile(r"^(\d+(\.\d+)?(ns|us|ms|s|m|h))+$"
@@ -137,6 +147,14 @@ class Collector:
                  argv[0] != "docker")
                 for file, argv in NODE_COMMANDS.items()]
 
+    def door(self, door: Door) -> list:
+        """The door's runtime state, read on its node (a door that is down refuses: noted)."""
+        return [(self._run, door.node, f"{door.node}/{file}",
+                 f"python3 runtime API: {command}",
+                 runtime_api_command(door.admin_socket, command, min(self.timeout, 10.0)),
+                 None, True)
+                for file, command in DOOR_COMMANDS.items()]
+
     def discover(self, node: str) -> list[str]:
         """Every kimipd-* container on the node, running or not."""
         command = shlex.join(["docker", "ps", "-a", "--filter", "name=^kimipd-",
@@ -173,6 +191,10 @@ def collect_bundle(topology: Topology, transport: Transport, out_dir: Path, sinc
                            if (node, name) not in known]
         jobs = [job for ref in chosen for job in collector.container(ref)]
         jobs += [job for node in nodes for job in collector.node(node)]
+        door = topology.door
+        if door is not None and (not selectors or any(ref.role == DOOR or ref.slot is not None
+                                                      for ref in chosen)):
+            jobs += collector.door(door)
         for future in [pool.submit(*job) for job in jobs]:
             future.result()
 

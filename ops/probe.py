@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import ssl
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -55,15 +56,56 @@ def _timeout(seconds: float) -> httpx.Timeout:
     return httpx.Timeout(seconds, connect=min(seconds, 5.0))
 
 
-def direct_client(timeout: float) -> httpx.Client:
+@dataclass(frozen=True)
+class Tls:
+    """How an https:// URL (the door with TLS) is checked from here: CONTEXT, and what it checks
+    the certificate against, in words."""
+
+    context: ssl.SSLContext
+    verification: str
+
+    @property
+    def verified(self) -> bool:
+        return self.context.verify_mode != ssl.CERT_NONE
+
+
+def tls_check(ca_certificate: str | None, certificate: str | None) -> Tls:
+    """The door's certificate checked against its CA (router.door.tls.caCertificate), else
+    against the system's trust store plus the certificate itself (a self-signed one), else not
+    at all (the config is not at hand: the CA is not among the outputs)."""
+    if ca_certificate:
+        return Tls(ssl.create_default_context(cadata=ca_certificate),
+                   "verified against router.door.tls.caCertificate")
+    if certificate:
+        context = ssl.create_default_context()
+        context.load_verify_locations(cadata=certificate)
+        return Tls(context, "verified against the system's trust store and "
+                            "router.door.tls.certificate")
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return Tls(context, "not verified (router.door.tls is not in the config at hand)")
+
+
+def direct_client(timeout: float, verify: ssl.SSLContext | bool = True) -> httpx.Client:
     # trust_env=False: cluster addresses never go through the caller's HTTP(S)_PROXY.
-    return httpx.Client(timeout=_timeout(timeout), trust_env=False,
+    return httpx.Client(timeout=_timeout(timeout), trust_env=False, verify=verify,
                         limits=httpx.Limits(max_connections=64))
 
 
 # What makes a node's port "not reachable from here": no TCP connection at all. A connection
 # that opens and then hangs reached the server, and asking again over SSH would only wait twice.
 _UNREACHABLE = (httpx.ConnectError, httpx.ConnectTimeout)
+
+
+def _tls_refused(error: Exception) -> bool:
+    """A TLS handshake that failed (httpx says ConnectError): a connection was made."""
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, ssl.SSLError):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return "[SSL:" in str(error)
 
 
 def _error(error: Exception) -> str:
@@ -77,12 +119,17 @@ def _error(error: Exception) -> str:
 
 
 class Prober:
-    def __init__(self, transport: Transport | None, timeout: float, via: str = "auto") -> None:
+    """TLS: how https:// URLs are checked (None: against the system's trust store). Over SSH,
+    curl on the node does not verify an https:// URL (-k): it talks to its own node."""
+
+    def __init__(self, transport: Transport | None, timeout: float, via: str = "auto",
+                 tls: Tls | None = None) -> None:
         if via not in VIA_CHOICES:
             raise ValueError(f"via must be one of {VIA_CHOICES}")
         self.transport = transport
         self.timeout = timeout
         self.via = via
+        self.tls = tls
         # One client for every probe (it is thread-safe): building one costs more than a probe.
         self._client: httpx.Client | None = None
         self._lock = threading.Lock()
@@ -90,7 +137,8 @@ class Prober:
     def _http(self) -> httpx.Client:
         with self._lock:
             if self._client is None:
-                self._client = direct_client(self.timeout)
+                self._client = (direct_client(self.timeout) if self.tls is None
+                                else direct_client(self.timeout, self.tls.context))
             return self._client
 
     def close(self) -> None:
@@ -103,15 +151,18 @@ class Prober:
         return self.request("GET", url, node)
 
     def request(self, method: str, url: str, node: str, body: Any = None,
-                timeout: float | None = None, api_key: str | None = None) -> HttpAnswer:
+                timeout: float | None = None, api_key: str | None = None,
+                router_port: int | None = None) -> HttpAnswer:
         """API_KEY: the rust router's; over SSH, curl reads it from its file on the router's
-        node, so it is on no command line."""
+        node, so it is on no command line. ROUTER_PORT: router.port, whose directory holds that
+        file (default: URL's port; a door's slot has a port of its own)."""
         timeout = timeout or self.timeout
         if self.via in ("auto", "direct"):
             answer, reachable = self._direct(method, url, body, timeout, api_key)
             if reachable or self.via == "direct" or self.transport is None:
                 return answer
-        header_file = router_auth_header_file(urlsplit(url).port or 80) if api_key else None
+        header_file = (router_auth_header_file(router_port or urlsplit(url).port or 80)
+                       if api_key else None)
         return self._over_ssh(method, url, node, body, timeout, header_file)
 
     def _direct(self, method: str, url: str, body: Any, timeout: float,
@@ -125,6 +176,11 @@ class Prober:
             return HttpAnswer(url, "direct", response.status_code, time.monotonic() - started,
                               body=response.text[:BODY_LIMIT]), True
         except _UNREACHABLE as error:
+            if _tls_refused(error):
+                # The port answered, its certificate was refused: asking again over SSH (curl
+                # -k) would only hide that.
+                return HttpAnswer(url, "direct", seconds=time.monotonic() - started,
+                                  error=_error(error)), True
             return HttpAnswer(url, "direct", error=_error(error)), False
         except httpx.HTTPError as error:
             return HttpAnswer(url, "direct", seconds=time.monotonic() - started,
@@ -132,8 +188,9 @@ class Prober:
 
     def _over_ssh(self, method: str, url: str, node: str, body: Any,
                   timeout: float, header_file: str | None = None) -> HttpAnswer:
+        # An https:// URL (the door with TLS) is asked on its own node, unverified.
         command = curl_command(method, url, timeout, with_body=body is not None,
-                               header_file=header_file)
+                               header_file=header_file, insecure=url.startswith("https://"))
         stdin = json.dumps(body).encode() if body is not None else None
         if self.transport is None:
             return HttpAnswer(url, "ssh", error="no SSH transport to the node")
@@ -149,10 +206,14 @@ STATUS_MARK = "KIMIPD-HTTP"
 
 
 def curl_command(method: str, url: str, timeout: float, with_body: bool = False,
-                 stream: bool = False, header_file: str | None = None) -> str:
-    """curl on the node: the body on stdout, then a last line `KIMIPD-HTTP <code> <seconds>`."""
+                 stream: bool = False, header_file: str | None = None,
+                 insecure: bool = False) -> str:
+    """curl on the node: the body on stdout, then a last line `KIMIPD-HTTP <code> <seconds>`.
+    INSECURE: an https:// URL's certificate is not verified (-k)."""
     argv = ["curl", "-sS", "--noproxy", "*", "--max-time", f"{timeout:g}", "-X", method,
             "-w", f"\\n{STATUS_MARK} %{{http_code}} %{{time_total}}\\n"]
+    if insecure:
+        argv.append("--insecure")
     if stream:
         argv.append("-N")
     if with_body:

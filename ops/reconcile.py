@@ -73,7 +73,8 @@ def metric_families(stack: str, memory: Memory, decision: Decision | None,
     per_unit = ["stack", "unit"]
     heals = CounterMetricFamily(
         "kimipd_reconcile_heals_total",
-        "Heals whose refresh and up converged, per unit (group, mooncake-master, router).",
+        "Heals whose refresh and up converged, per unit (group, mooncake-master, router, door, "
+        "router-a, router-b).",
         labels=per_unit)
     failures = CounterMetricFamily("kimipd_reconcile_heal_failures_total",
                                    "Heals that failed, per unit.", labels=per_unit)
@@ -182,15 +183,18 @@ class Reconciler:
         stack = self.load()
         # One SSH transport and one HTTP client for the pass's probes.
         transport = self.transport_factory(stack.access)
-        prober = Prober(transport, self.settings.probe_timeout)
+        prober = Prober(transport, self.settings.probe_timeout,
+                        tls=status_command.door_tls(stack))
         try:
             report = self.status(stack, transport, prober)
-            seen = self._router_sees(stack, prober)
+            seen, slot = self._router_sees(stack, prober)
         finally:
             prober.close()
             transport.close()
         if seen is not None:
             record["routerSees"] = seen
+        if slot is not None:
+            record["routerSeesSlot"] = slot
         broken = breakages(report)
         decision = assess(broken, self.memory, self.settings.limits, now,
                           serving=stack.topology.serving and stack.serving_config)
@@ -215,16 +219,35 @@ class Reconciler:
         # The whole-path probe is left out: alone it heals nothing (see breakages).
         topology = dataclasses.replace(stack.topology, generate_url=None)
         return status_command.collect(topology, transport, prober,
-                                      self.settings.probe_timeout, 0)
+                                      self.settings.probe_timeout, 0,
+                                      router_kind=stack.router_kind)
 
-    def _router_sees(self, stack: Stack, prober: Prober) -> dict[str, Any] | None:
+    def _router_sees(self, stack: Stack,
+                     prober: Prober) -> tuple[dict[str, Any] | None, str | None]:
         """The rust router's own view (GET /workers with its key): logged beside the decision;
-        a heal is decided on the containers, which the router's health checks lag."""
+        a heal is decided on the containers, which the router's health checks lag. With the
+        door, the first slot that answers (and its name)."""
         topology = stack.topology
         if not stack.router_api_key or not topology.router_url or topology.router is None:
-            return None
-        answer = prober.request("GET", topology.router_url.rstrip("/") + "/workers",
-                                topology.router.node, api_key=stack.router_api_key)
+            return None, None
+        door = topology.door
+        if door is None:
+            return self._workers(prober, topology.router_url, topology.router.node,
+                                 stack.router_api_key), None
+        errors = {}
+        for slot in door.slots:
+            seen = self._workers(prober, slot.url, door.node, stack.router_api_key, door.port)
+            if "error" not in seen:
+                return seen, slot.name
+            errors[slot.name] = seen["error"]
+        return {"error": "; ".join(f"slot {name}: {error}" for name, error in errors.items())
+                or "the door lists no slot"}, None
+
+    @staticmethod
+    def _workers(prober: Prober, url: str, node: str, api_key: str,
+                 router_port: int | None = None) -> dict[str, Any]:
+        answer = prober.request("GET", url.rstrip("/") + "/workers", node, api_key=api_key,
+                                router_port=router_port)
         try:
             workers = json.loads(answer.body or "")["workers"]
         except (ValueError, KeyError, TypeError):

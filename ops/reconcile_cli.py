@@ -21,7 +21,8 @@ def add_parser(commands) -> None:
         "reconcile", help="heal dead groups: refresh and up when a container stays down",
         description="One pass (or one every --interval seconds with --watch): every "
                     "container's docker state and health, as `status`; a unit (a group, the "
-                    "Mooncake master, the router) broken for longer than --grace-seconds is "
+                    "Mooncake master, the router; with the door, the door and each slot, "
+                    "router-a and router-b) broken for longer than --grace-seconds is "
                     "healed with `pulumi refresh` and `pulumi up` on this stack (the group is "
                     "replaced whole, gated, re-admitted, smoke-tested), unless the limits say "
                     "no: at most --max-heals-per-hour per unit, back-off after a failed heal, "

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
@@ -20,6 +21,17 @@ from components.render import MOONCAKE_MASTER, ROUTER, rank_role
 
 REPO = Path(__file__).resolve().parent.parent
 PULUMI_TIMEOUT_SECONDS = 120
+
+# The door (router.door): HAProxy in front of two router slots, each slot a router of its own.
+DOOR = "door"
+SLOT_NAMES = ("a", "b")
+# The door's backend in haproxy.cfg, where the slots are servers (`show stat`'s pxname).
+DOOR_BACKEND = "slots"
+_SLOT_ROLE = re.compile(r"router-[a-z]")
+
+
+def slot_role(slot: str) -> str:
+    return f"router-{slot}"
 
 
 class StackError(Exception):
@@ -36,11 +48,74 @@ class ContainerRef:
     health_url: str
     group: str | None = None
     rank: int | None = None
+    # The door's slot this router is ("a", "b"), for the roles router-a and router-b.
+    slot: str | None = None
+
+    @property
+    def is_router(self) -> bool:
+        """The single router, or one of the door's slots (a slot is a router)."""
+        return self.role == ROUTER or self.slot is not None
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One router behind the door, as the `door` output's `slots` list it."""
+
+    name: str  # "a" | "b"
+    url: str  # the slot's own port, e.g. http://NODE:31001
+    role: str  # router-a
+    container: str  # kimipd-router-a
+    server: str  # its server in the door's backend (runtime API), slot-a
+    metrics_port: int | None = None
+
+
+@dataclass(frozen=True)
+class Door:
+    """The `door` output: HAProxy on the router's node owning router.port."""
+
+    url: str  # http(s)://NODE:PORT, what routerUrl says
+    tls: bool
+    node: str
+    admin_socket: str  # the runtime API's UNIX socket on NODE
+    container: str
+    slots: tuple[Slot, ...]
+    metrics_url: str | None = None
+    backend: str = DOOR_BACKEND
+
+    @property
+    def port(self) -> int:
+        return urlsplit(self.url).port or (443 if self.tls else 80)
+
+    def slot(self, name: str) -> Slot | None:
+        return next((slot for slot in self.slots if slot.name == name), None)
+
+    @classmethod
+    def from_output(cls, door: Mapping[str, Any]) -> Door:
+        try:
+            url = str(door["url"])
+            slots = tuple(
+                Slot(name=str(name), url=str(entry["url"]),
+                     role=str(entry.get("role") or slot_role(str(name))),
+                     container=str(entry.get("container") or f"kimipd-{slot_role(str(name))}"),
+                     server=str(entry.get("server") or f"slot-{name}"),
+                     metrics_port=(int(entry["metricsPort"]) if entry.get("metricsPort")
+                                   is not None else None))
+                for name, entry in sorted((door.get("slots") or {}).items()))
+            return cls(url=url, tls=bool(door.get("tls", url.startswith("https://"))),
+                       node=str(door.get("node") or urlsplit(url).hostname or ""),
+                       admin_socket=str(door["adminSocket"]),
+                       container=str(door.get("container") or f"kimipd-{DOOR}"),
+                       slots=slots, metrics_url=door.get("metricsUrl"),
+                       backend=str(door.get("backend") or DOOR_BACKEND))
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise StackError(f"the stack's `door` output cannot be read ({type(error).__name__}: "
+                             f"{error}): {json.dumps(door, default=str)[:300]}") from None
 
 
 @dataclass(frozen=True)
 class Topology:
-    """The stack's outputs, in the runbook's order: mc-master, prefill, decode, router."""
+    """The stack's outputs, in the runbook's order: mc-master, prefill, decode, then the routers
+    (the door, the router or the door's slots)."""
 
     stack: str
     serving: bool
@@ -52,10 +127,14 @@ class Topology:
     nodes: tuple[str, ...]
     # `inet kimipd_PORT` when the stack's firewall is on (its `firewall` output), else None.
     firewall_table: str | None = None
+    # The `door` output: None for a stack with a single router on router.port.
+    door: Door | None = None
 
     @classmethod
     def from_outputs(cls, stack: str, outputs: Mapping[str, Any]) -> Topology:
         groups = outputs.get("groups") or {}
+        door = Door.from_output(outputs["door"]) if outputs.get("door") else None
+        slot_of = {slot.role: slot.name for slot in door.slots} if door else {}
         rank_of: dict[str, tuple[str, int]] = {}
         for name, group in groups.items():
             for rank, _ in enumerate(group.get("nodes") or []):
@@ -63,8 +142,12 @@ class Topology:
         refs = []
         for role, entry in (outputs.get("containers") or {}).items():
             group, rank = rank_of.get(role, (None, None))
+            slot = slot_of.get(role)
+            if slot is None and group is None and _SLOT_ROLE.fullmatch(role):
+                slot = role.removeprefix("router-")  # a slot's container without the output
             refs.append(ContainerRef(role=role, node=entry["node"], name=entry["container"],
-                                     health_url=entry["healthUrl"], group=group, rank=rank))
+                                     health_url=entry["healthUrl"], group=group, rank=rank,
+                                     slot=slot))
         mode_order = {"prefill": 1, "decode": 2}
 
         def order(ref: ContainerRef) -> tuple:
@@ -73,7 +156,9 @@ class Topology:
             if ref.group is not None:
                 mode = groups[ref.group].get("mode")
                 return (mode_order.get(mode, 3), ref.group, ref.rank, ref.role)
-            return (4 if ref.role == ROUTER else 5, "", 0, ref.role)
+            if ref.role == DOOR:  # the door first, then the routers behind it
+                return (4, "", 0, ref.role)
+            return (4 if ref.is_router else 5, "", 1, ref.role)
 
         nodes = list(outputs.get("nodes") or {})
         for ref in refs:
@@ -91,15 +176,27 @@ class Topology:
             groups=groups,
             nodes=tuple(sorted(nodes, key=_address_key)),
             firewall_table=firewall.get("table") if firewall.get("enabled") else None,
+            door=door,
         )
 
     @property
+    def routers(self) -> list[ContainerRef]:
+        """The router, or the door's slots (each a router)."""
+        return [ref for ref in self.containers if ref.is_router]
+
+    @property
     def router(self) -> ContainerRef | None:
-        return next((ref for ref in self.containers if ref.role == ROUTER), None)
+        """The router, or the first of the door's slots (they share the router's node)."""
+        return next(iter(self.routers), None)
+
+    @property
+    def door_container(self) -> ContainerRef | None:
+        return next((ref for ref in self.containers if ref.role == DOOR), None)
 
     def select(self, selectors: Iterable[str]) -> list[ContainerRef]:
-        """Containers matching any selector: a role (`decode-r1`), a role prefix (`decode`,
-        `mooncake`), a group name or a group mode (`prefill`, `decode`)."""
+        """Containers matching any selector: a role (`decode-r1`, `door`, `router-a`), a role
+        prefix (`decode`, `mooncake`, `router`: the router or both of the door's slots), a group
+        name or a group mode (`prefill`, `decode`)."""
         wanted = [s for s in selectors if s]
         if not wanted:
             return list(self.containers)
@@ -130,6 +227,12 @@ class Access:
 
 
 @dataclass(frozen=True)
+class DoorTlsConfig:
+    certificate: str | None = None
+    ca_certificate: str | None = None
+
+
+@dataclass(frozen=True)
 class Stack:
     topology: Topology
     access: Access
@@ -140,6 +243,26 @@ class Stack:
     router_api_key: str | None = None
     # The config's `serving` (false: nothing is meant to run, even before an `up` applies it).
     serving_config: bool = True
+    # router.kind (the schema's default when the config does not say).
+    router_kind: str = "mini-lb"
+    # router.door.tls of the config, when there is one: what the door's certificate is checked
+    # against (the CA is not among the outputs).
+    door_tls: DoorTlsConfig | None = None
+
+
+def router_config(values: Mapping[str, Any]) -> Mapping[str, Any]:
+    router = values.get("router")
+    return router if isinstance(router, Mapping) else {}
+
+
+def door_tls_from_config(values: Mapping[str, Any]) -> DoorTlsConfig | None:
+    door = router_config(values).get("door")
+    tls = door.get("tls") if isinstance(door, Mapping) else None
+    if not isinstance(tls, Mapping):
+        return None
+    certificate, ca = tls.get("certificate"), tls.get("caCertificate")
+    return DoorTlsConfig(certificate=certificate if isinstance(certificate, str) else None,
+                         ca_certificate=ca if isinstance(ca, str) else None)
 
 
 def _pulumi_entry(entry: Any) -> bool:
@@ -188,7 +311,9 @@ def access_from_config(values: Mapping[str, Any], private_key: str | None = None
 
 def roles_from_config(values: Mapping[str, Any]) -> frozenset[str]:
     groups = values.get("groups") or {}
-    return frozenset({MOONCAKE_MASTER, ROUTER} | {
+    door = ({DOOR, *map(slot_role, SLOT_NAMES)} if router_config(values).get("door")
+            else set())
+    return frozenset({MOONCAKE_MASTER, ROUTER} | door | {
         rank_role(name, rank) for name, group in groups.items() if isinstance(group, Mapping)
         for rank in range(len(group.get("nodes") or []))})
 
@@ -277,4 +402,6 @@ def load_stack(stack: str | None, cwd: Path = REPO, outputs_file: Path | None = 
                  verification=verification_from_config(values),
                  roles=roles_from_config(values),
                  router_api_key=router_key,
-                 serving_config=values.get("serving", True) not in (False, "false"))
+                 serving_config=values.get("serving", True) not in (False, "false"),
+                 router_kind=str(router_config(values).get("kind") or "mini-lb"),
+                 door_tls=door_tls_from_config(values))

@@ -1,12 +1,17 @@
 """`kimipd status`: every container's docker state (over SSH) and health (its healthUrl), and one
 1-token /generate through the router for the whole path. Probes run in parallel, each bounded
-by its timeout: a dead node costs its own rows, never the table."""
+by its timeout: a dead node costs its own rows, never the table.
+
+With the door (the `door` output): the door's port, each slot's readiness and state at the door
+(HAProxy's runtime API, over SSH on the router's node), and where each group stands in each
+slot (registered, healthy, load: the slot's GET /workers)."""
 
 from __future__ import annotations
 
 import json
 import re
 import shlex
+import ssl
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -17,9 +22,10 @@ from rich.table import Table
 from rich.text import Text
 
 from . import DEGRADED, DOWN, OK
-from .probe import HttpAnswer, Prober
+from .door import DoorProbes, DoorReport, serving_at_door
+from .probe import HttpAnswer, Prober, Tls, tls_check
 from .remote import RemoteError, Transport
-from .stack import ContainerRef, Topology
+from .stack import ContainerRef, Stack, Topology
 
 GENERATION_LABEL = "kimipd.restart-generation"
 # The whole path: one token through the router (prefill, KV hand-off, decode).
@@ -62,9 +68,11 @@ class Report:
     notes: list[str] = field(default_factory=list)
     # node -> "present", "missing" or why it could not be told; {} when the stack has none
     firewall: dict[str, str] = field(default_factory=dict)
+    # The door and its slots; None for a stack without a door.
+    door: DoorReport | None = None
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        document = {
             "stack": self.stack,
             "checkedAt": self.checked_at.isoformat(timespec="seconds"),
             "serving": self.serving,
@@ -90,6 +98,9 @@ class Report:
             "firewall": self.firewall,
             "notes": self.notes,
         }
+        if self.door is not None:
+            document["door"] = self.door.as_json()
+        return document
 
 
 _DOCKER_TIME = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)?$")
@@ -200,9 +211,33 @@ def _problems(row: Row, expected_generation: int | None) -> list[str]:
     return problems
 
 
+def door_tls(stack: Stack) -> Tls | None:
+    """How the door's certificate is checked from here: against router.door.tls of the config
+    when it is at hand (the CA is not among the outputs), else not at all. None: no TLS door."""
+    door = stack.topology.door
+    if door is None or not door.tls:
+        return None
+    config = stack.door_tls
+    try:
+        return tls_check(config.ca_certificate if config else None,
+                         config.certificate if config else None)
+    except ssl.SSLError as error:
+        unverified = tls_check(None, None)
+        return Tls(unverified.context, f"not verified (router.door.tls does not load: {error})")
+
+
+def container_state(docker: Docker) -> str:
+    if docker.state in ("exited", "dead"):
+        return f"{docker.state} ({docker.exit_code})"
+    return docker.state
+
+
 def collect(topology: Topology, transport: Transport, prober: Prober, timeout: float,
-            generate_timeout: float, api_key: str | None = None) -> Report:
-    """API_KEY: the rust router's (the routerApiKey secret), sent with the whole-path probe."""
+            generate_timeout: float, api_key: str | None = None,
+            router_kind: str = "mini-lb") -> Report:
+    """API_KEY: the rust router's (the routerApiKey secret), sent with the whole-path probe and,
+    with the door, each slot's GET /workers. ROUTER_KIND (router.kind of the config): what the
+    door asks a slot, and whether a slot has a worker API."""
     now = datetime.now(timezone.utc)
     if not topology.serving or not topology.containers:
         reason = ("serving is false: no container is meant to run" if not topology.serving
@@ -226,13 +261,17 @@ def collect(topology: Topology, transport: Transport, prober: Prober, timeout: f
         path: Future | None = None
         if topology.generate_url:
             router = topology.router
-            node = router.node if router else topology.containers[-1].node
+            node = (topology.door.node if topology.door else router.node if router
+                    else topology.containers[-1].node)
             path = pool.submit(prober.request, "POST", topology.generate_url, node,
                                PATH_PROBE_BODY, generate_timeout, api_key)
+        door = (DoorProbes(topology.door, topology.groups, transport, prober, timeout, api_key,
+                           router_kind) if topology.door else None)
+        door_futures = door.submit(pool) if door else []
         # A probe is bounded by its timeout (direct, then over SSH: connect + command); this is
         # the backstop for one that is not.
         everything = [*inspections.values(), *health.values(), *tables.values(),
-                      *([path] if path else [])]
+                      *([path] if path else []), *door_futures]
         wait(everything, timeout=max(3 * timeout, generate_timeout) + 10)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
@@ -253,6 +292,12 @@ def collect(topology: Topology, transport: Transport, prober: Prober, timeout: f
 
     firewall = {node: result(future, "unknown: timed out") for node, future in tables.items()}
     missing = [node for node, state in firewall.items() if state == "missing"]
+    door_report = None
+    if door is not None:
+        verification = (prober.tls.verification if prober.tls is not None
+                        else "verified against the system's trust store")
+        door_report = door.report({row.ref.role: container_state(row.docker) for row in rows},
+                                  verification)
     notes = []
     if path_answer is None:
         notes.append("no generateUrl output: the whole path was not probed")
@@ -268,13 +313,17 @@ def collect(topology: Topology, transport: Transport, prober: Prober, timeout: f
     if nothing_answered:
         exit_code, verdict = DOWN, "unreachable"
         notes.append("no node answered over SSH and no HTTP probe got an answer")
+    elif door_report is not None and not (door_report.open and door_report.serving_slots):
+        exit_code, verdict = DOWN, "down"
+        notes.append("the door does not take connections: no request gets in" if not
+                     door_report.open else "no slot serves at the door: every request fails")
     elif (all(row.ok for row in rows) and path_answer is not None and path_answer.ok
-          and not missing):
+          and not missing and (door_report is None or door_report.ok)):
         exit_code, verdict = OK, "serving"
     else:
         exit_code, verdict = DEGRADED, "degraded"
     return Report(topology.stack, now, True, rows, path_answer, exit_code, verdict, notes,
-                  firewall)
+                  firewall, door_report)
 
 
 # -- rendering -----------------------------------------------------------------------------------
@@ -295,6 +344,66 @@ def _health_text(answer: HttpAnswer) -> Text:
     return Text(f"{answer.status}{latency}", style="green" if answer.ok else "red")
 
 
+def _container_text(state: str) -> Text:
+    return Text(state, style="green" if state == "running" else
+                "yellow" if state == "unknown" else "red")
+
+
+def _at_door_text(state: str | None, error: str | None) -> Text:
+    if state is None:
+        return Text("-" if error is None else "unknown", style="yellow")
+    return Text(state, style="green" if serving_at_door(state) else "red")
+
+
+def _door_lines(door: DoorReport) -> list[Any]:
+    scheme = f"TLS, {door.tls_verification}" if door.tls else "plain HTTP"
+    serving = door.serving_slots
+    lines: list[Any] = [Text.assemble(
+        ("door ", "bold"), f"{door.url} ({scheme}) on {door.node}: container ",
+        _container_text(door.container), "; GET /health ", _health_text(door.answer),
+        f" via {door.answer.via}; serving slots: ",
+        (", ".join(slot.name for slot in serving) or "none",
+         "green" if len(serving) == len(door.slots) else "red" if not serving else "yellow"))]
+    slots = Table(show_edge=False, pad_edge=False)
+    for column in ("slot", "role", "url", "container", "ready", "at door", "in flight", "check",
+                   "since", "verdict"):
+        slots.add_column(column, no_wrap=column != "verdict")
+    for slot in door.slots:
+        slots.add_row(
+            slot.name, slot.role, slot.url, _container_text(slot.container),
+            _health_text(slot.readiness), _at_door_text(slot.at_door, door.stat_error),
+            "-" if slot.sessions is None else str(slot.sessions), slot.check or "-",
+            duration(slot.since_change),
+            Text("ok", style="green") if not slot.problems
+            else Text("; ".join(slot.problems), style="red"))
+    lines.append(slots)
+    asked = [slot for slot in door.slots if slot.members is not None]
+    if asked:
+        groups = Table(show_edge=False, pad_edge=False)
+        groups.add_column("group", no_wrap=True)
+        groups.add_column("mode", no_wrap=True)
+        for slot in door.slots:
+            groups.add_column(f"in slot {slot.name}", no_wrap=True)
+        names = list(dict.fromkeys(m.group for slot in asked for m in slot.members or []))
+        for name in names:
+            cells: list[Any] = []
+            mode = "-"
+            for slot in door.slots:
+                member = next((m for m in slot.members or [] if m.group == name), None)
+                if member is None:
+                    cells.append(Text(slot.members_error or "-", style="yellow"))
+                    continue
+                mode = member.mode or mode
+                good = member.registered and member.healthy
+                cells.append(Text(member.summary(), style="green" if good else "red"))
+            groups.add_row(name, mode, *cells)
+        lines.append(groups)
+    else:
+        lines.append(Text(f"groups in slots: {door.membership}"))
+    lines += [Text(f"door: {problem}", style="red") for problem in door.problems]
+    return lines
+
+
 def render(report: Report) -> Group:
     title = (f"stack {report.stack}: {report.verdict} "
              f"({report.checked_at.strftime('%Y-%m-%d %H:%M:%S UTC')})")
@@ -312,6 +421,8 @@ def render(report: Report) -> Group:
             Text("ok", style="green") if row.ok else Text("; ".join(row.problems), style="red"),
         )
     lines: list[Any] = [table]
+    if report.door is not None:
+        lines += _door_lines(report.door)
     if report.path is not None:
         path = report.path
         outcome = (f"{path.status} in {path.seconds:.3f}s" if path.status is not None

@@ -175,3 +175,105 @@ def test_help_on_every_subcommand(command: list[str]) -> None:
     assert "--outputs-json" not in result.stdout and "--state-json" not in result.stdout
     if command:
         assert "-s STACK, --stack STACK" in result.stdout
+
+
+DOOR_NODE = "10.0.0.5"
+
+
+def door_outputs(tls: bool = False) -> dict:
+    """A stack with the door, as the program's outputs say it (docs: the door's interface)."""
+    scheme = "https" if tls else "http"
+    containers = {role: {"node": DOOR_NODE, "container": f"kimipd-{role}",
+                         "healthUrl": f"http://{DOOR_NODE}:{port}/health"}
+                  for role, port in (("router-b", 31002), ("door", 29100), ("router-a", 31001))}
+    containers |= {role: {"node": "10.0.0.1", "container": f"kimipd-{role}",
+                          "healthUrl": "http://10.0.0.1:30000/health"}
+                   for role in ("decode-r0", "mooncake-master", "prefill-r0")}
+    return {
+        "serving": True, "containers": containers,
+        "groups": {"decode": {"mode": "decode", "nodes": ["10.0.0.1"]},
+                   "prefill": {"mode": "prefill", "nodes": ["10.0.0.1"]}},
+        "routerUrl": f"{scheme}://{DOOR_NODE}:31000",
+        "generateUrl": f"{scheme}://{DOOR_NODE}:31000/generate",
+        "door": {"url": f"{scheme}://{DOOR_NODE}:31000", "tls": tls, "node": DOOR_NODE,
+                 "metricsUrl": f"http://{DOOR_NODE}:29100/metrics",
+                 "adminSocket": "/opt/kimipd/router-31000/door/admin.sock",
+                 "container": "kimipd-door",
+                 "slots": {name: {"url": f"http://{DOOR_NODE}:{port}", "metricsPort": metrics,
+                                  "container": f"kimipd-router-{name}", "server": f"slot-{name}",
+                                  "role": f"router-{name}"}
+                           for name, port, metrics in (("b", 31002, 29002),
+                                                       ("a", 31001, 29001))}},
+    }
+
+
+def test_the_door_output_is_read_into_the_topology() -> None:
+    topology = Topology.from_outputs("s", door_outputs(tls=True))
+    door = topology.door
+    assert door is not None
+    assert (door.url, door.tls, door.node, door.port, door.container, door.backend) == (
+        f"https://{DOOR_NODE}:31000", True, DOOR_NODE, 31000, "kimipd-door", "slots")
+    assert door.admin_socket == "/opt/kimipd/router-31000/door/admin.sock"
+    assert door.metrics_url == f"http://{DOOR_NODE}:29100/metrics"
+    assert [(s.name, s.url, s.role, s.container, s.server, s.metrics_port)
+            for s in door.slots] == [
+        ("a", f"http://{DOOR_NODE}:31001", "router-a", "kimipd-router-a", "slot-a", 29001),
+        ("b", f"http://{DOOR_NODE}:31002", "router-b", "kimipd-router-b", "slot-b", 29002)]
+    assert door.slot("b").server == "slot-b" and door.slot("c") is None
+    # the door sorts with the routers: first, then the slots behind it
+    assert [c.role for c in topology.containers] == [
+        "mooncake-master", "prefill-r0", "decode-r0", "door", "router-a", "router-b"]
+    assert [(c.role, c.slot, c.is_router) for c in topology.containers[3:]] == [
+        ("door", None, False), ("router-a", "a", True), ("router-b", "b", True)]
+    # a slot is a router: `router` is the first one (the router's node), `routers` both
+    assert topology.router.role == "router-a" and topology.router.node == DOOR_NODE
+    assert [r.role for r in topology.routers] == ["router-a", "router-b"]
+    assert topology.door_container.name == "kimipd-door"
+    # `kimipd logs --role ...`: router is both slots, door the door, router-b one slot
+    for selectors, roles in ((["router"], ["router-a", "router-b"]), (["door"], ["door"]),
+                             (["router-b"], ["router-b"]),
+                             (["door", "router"], ["door", "router-a", "router-b"])):
+        assert [ref.role for ref in topology.select(selectors)] == roles
+
+
+def test_a_stack_without_the_door_output_is_read_as_before() -> None:
+    topology = Topology.from_outputs("s", OUTPUTS)
+    assert topology.door is None and topology.door_container is None
+    assert topology.router.role == "router" and topology.router.slot is None
+    assert [r.role for r in topology.routers] == ["router"]
+    # slots' containers without the door output still sort and count as routers
+    outputs = door_outputs()
+    del outputs["door"]
+    topology = Topology.from_outputs("s", outputs)
+    assert [c.role for c in topology.containers][3:] == ["door", "router-a", "router-b"]
+    assert topology.router.role == "router-a" and topology.door is None
+
+
+def test_a_door_output_that_cannot_be_read_says_so() -> None:
+    outputs = door_outputs()
+    del outputs["door"]["adminSocket"]
+    with pytest.raises(StackError, match="the stack's `door` output cannot be read "
+                                         r"\(KeyError: 'adminSocket'\)"):
+        Topology.from_outputs("s", outputs)
+
+
+def test_the_config_says_the_router_kind_the_door_tls_and_the_door_roles(
+        fake_pulumi: Path) -> None:
+    (fake_pulumi / "outputs.json").write_text(json.dumps(door_outputs(tls=True)))
+    router = {"node": DOOR_NODE, "kind": "rust", "door": {
+        "image": "registry:5000/haproxy@sha256:" + "0" * 64,
+        "tls": {"certificate": "-----BEGIN CERTIFICATE-----\nA\n", "caCertificate": None}}}
+    config = dict(PULUMI_CONFIG) | {"kimipd:router": {"value": json.dumps(router),
+                                                      "objectValue": router, "secret": False}}
+    (fake_pulumi / "config.json").write_text(json.dumps(config))
+    stack = load_stack("pro6000", cwd=fake_pulumi)
+    assert stack.router_kind == "rust"
+    assert stack.door_tls is not None
+    assert stack.door_tls.certificate == "-----BEGIN CERTIFICATE-----\nA\n"
+    assert stack.door_tls.ca_certificate is None
+    assert {"door", "router-a", "router-b", "router"} <= stack.roles
+    # without router settings: the schema's default kind, no TLS, no door roles
+    (fake_pulumi / "config.json").write_text(json.dumps(PULUMI_CONFIG))
+    stack = load_stack("pro6000", cwd=fake_pulumi)
+    assert (stack.router_kind, stack.door_tls) == ("mini-lb", None)
+    assert "door" not in stack.roles and "router" in stack.roles

@@ -1,0 +1,331 @@
+"""The door as the day-two tools see it (`status`, `logs`): HAProxy's runtime API read over SSH on
+the router's node, each slot's readiness, and each slot's own view of the groups (GET /workers).
+
+The runtime API is a UNIX socket on the node (the `door` output's adminSocket). The nodes have no
+socat: a few lines of python3 send one command and print the answer; HAProxy closes the socket
+after answering a command sent without `prompt`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shlex
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .probe import HttpAnswer, Prober
+from .remote import RemoteError, Transport
+from .stack import Door, Slot
+
+# One runtime API command (argv[3]) on the socket argv[1], within argv[2] seconds; the answer on
+# stdout. A failure is Python's own last line on stderr (PermissionError, ConnectionRefusedError).
+RUNTIME_API_SCRIPT = """\
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(float(sys.argv[2]))
+s.connect(sys.argv[1])
+s.sendall(sys.argv[3].encode() + b"\\n")
+while True:
+    chunk = s.recv(65536)
+    if not chunk:
+        break
+    sys.stdout.buffer.write(chunk)
+"""
+NOT_INSTALLED = 127
+
+
+def runtime_api_command(socket_path: str, command: str, timeout: float) -> str:
+    return shlex.join(["python3", "-c", RUNTIME_API_SCRIPT, socket_path, f"{timeout:g}",
+                       command])
+
+
+class RuntimeApiError(Exception):
+    """The door's runtime API could not be read (no socket, refused, not allowed, no python3)."""
+
+
+def runtime_api(transport: Transport, node: str, socket_path: str, command: str,
+                timeout: float) -> str:
+    """COMMAND's answer from the door's admin socket on NODE."""
+    try:
+        result = transport.run(node, runtime_api_command(socket_path, command, timeout),
+                               timeout=timeout + 5)
+    except RemoteError as error:
+        raise RuntimeApiError(str(error)) from None
+    if result.status == NOT_INSTALLED:
+        raise RuntimeApiError(f"python3 is not installed on {node}")
+    if result.status != 0:
+        lines = result.err.strip().splitlines()
+        raise RuntimeApiError(f"{socket_path} on {node}: "
+                              + (lines[-1][:200] if lines else f"exit {result.status}"))
+    return result.out
+
+
+def parse_show_stat(text: str) -> dict[tuple[str, str], dict[str, str]]:
+    """`show stat`'s CSV by (pxname, svname); the columns named by its header line (`# pxname,
+    svname,qcur,...`), so their order and number (they grow between versions) do not matter."""
+    lines = text.splitlines()
+    header_at = next((i for i, line in enumerate(lines) if line.startswith("# ")), None)
+    if header_at is None:
+        raise RuntimeApiError("`show stat` answered without its header line: "
+                              + (text.strip()[:160] or "nothing"))
+    reader = csv.reader(io.StringIO("\n".join(
+        [lines[header_at][2:], *[line for line in lines[header_at + 1:] if line.strip()]])))
+    columns = next(reader)
+    rows = {}
+    for values in reader:
+        row = dict(zip(columns, values, strict=False))
+        if "pxname" in row and "svname" in row:
+            rows[(row["pxname"], row["svname"])] = row
+    return rows
+
+
+def serving_at_door(state: str) -> bool:
+    """A server the door sends new requests to: UP (also `UP 1/2`, one failed check short of
+    DOWN) or `no check`; not DOWN, MAINT, DRAIN or NOLB."""
+    return state.startswith("UP") or state == "no check"
+
+
+def _int(value: str | None) -> int | None:
+    return int(value) if value is not None and value.strip().isdigit() else None
+
+
+@dataclass
+class Member:
+    """Where one group stands in one slot (the slot's GET /workers)."""
+
+    group: str
+    mode: str | None
+    registered: bool
+    healthy: bool | None = None
+    load: int | None = None
+
+    def summary(self) -> str:
+        if not self.registered:
+            return "not registered"
+        load = f", load {self.load}" if self.load is not None else ""
+        return ("healthy" if self.healthy else "unhealthy") + load
+
+
+def members(body: str, groups: Mapping[str, Any]) -> list[Member]:
+    """Every group of the stack in a rust router's GET /workers answer, matched by its endpoint
+    (the URL its Membership registers)."""
+    workers = json.loads(body)["workers"]
+    by_url = {str(worker.get("url", "")).rstrip("/"): worker for worker in workers}
+    found = []
+    for name, group in groups.items():
+        endpoint = str(group.get("endpoint") or "").rstrip("/")
+        worker = by_url.get(endpoint) if endpoint else None
+        load = worker.get("load") if worker else None
+        found.append(Member(name, group.get("mode"), worker is not None,
+                            bool(worker.get("is_healthy")) if worker else None,
+                            load if isinstance(load, int) else None))
+    return found
+
+
+@dataclass
+class SlotReport:
+    name: str
+    role: str
+    url: str
+    server: str
+    container: str  # its docker state, as the container's row says ("running", "exited (137)")
+    readiness: HttpAnswer
+    # `show stat`'s status of its server: UP, DOWN, DRAIN, MAINT, "UP 1/2", "no check"; None:
+    # the runtime API was not read, or the backend has no such server.
+    at_door: str | None = None
+    sessions: int | None = None  # scur: requests in flight through the door
+    check: str | None = None  # check_status: L7OK, L7STS, L4CON, ...
+    since_change: int | None = None  # lastchg: seconds since its state last changed
+    members: list[Member] | None = None  # None: not asked (MiniLB, no routerApiKey)
+    members_error: str | None = None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def serving(self) -> bool:
+        """The door sends it requests (the door's word when it could be read, else the slot's
+        own readiness)."""
+        if self.at_door is not None:
+            return serving_at_door(self.at_door)
+        return self.container == "running" and self.readiness.ok
+
+    def as_json(self) -> dict[str, Any]:
+        return {"slot": self.name, "role": self.role, "url": self.url, "server": self.server,
+                "container": self.container, "readiness": self.readiness.as_json(),
+                "atDoor": self.at_door, "sessions": self.sessions, "check": self.check,
+                "sinceChangeSeconds": self.since_change, "serving": self.serving,
+                "members": ([asdict(member) for member in self.members]
+                            if self.members is not None else None),
+                "membersError": self.members_error, "problems": self.problems}
+
+
+@dataclass
+class DoorReport:
+    url: str
+    tls: bool
+    tls_verification: str | None  # what the certificate was checked against; None: plain HTTP
+    node: str
+    container: str  # its docker state
+    answer: HttpAnswer  # GET DOOR/health: through the door to a slot
+    slots: list[SlotReport]
+    stat_error: str | None = None  # why the runtime API could not be read
+    membership: str = ""  # how the slots' view of the groups was asked, or why not
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def serving_slots(self) -> list[SlotReport]:
+        return [slot for slot in self.slots if slot.serving]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and not any(slot.problems for slot in self.slots)
+
+    @property
+    def open(self) -> bool:
+        """The door takes connections: its container runs and its port answered HTTP."""
+        return self.container == "running" and self.answer.status is not None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"url": self.url, "tls": self.tls, "tlsVerification": self.tls_verification,
+                "node": self.node, "container": self.container, "health": self.answer.as_json(),
+                "runtimeApiError": self.stat_error, "membership": self.membership,
+                "servingSlots": [slot.name for slot in self.serving_slots],
+                "slots": [slot.as_json() for slot in self.slots], "problems": self.problems}
+
+
+def check_path(router_kind: str) -> str:
+    """What the door asks a slot (its httpchk): the rust router's /readiness (a healthy prefill
+    and decode registered), MiniLB's /health (it has no readiness)."""
+    return "/readiness" if router_kind == "rust" else "/health"
+
+
+class DoorProbes:
+    """The door's probes, submitted to the status's pool with the rest, read once it is done."""
+
+    def __init__(self, door: Door, groups: Mapping[str, Any], transport: Transport,
+                 prober: Prober, timeout: float, api_key: str | None, router_kind: str) -> None:
+        self.door = door
+        self.groups = groups
+        self.transport = transport
+        self.prober = prober
+        self.timeout = timeout
+        self.api_key = api_key
+        self.router_kind = router_kind
+        self.answer: Future | None = None
+        self.stat: Future | None = None
+        self.readiness: dict[str, Future] = {}
+        self.workers: dict[str, Future] = {}
+
+    @property
+    def asks_members(self) -> bool:
+        return self.router_kind == "rust" and self.api_key is not None
+
+    def submit(self, pool: ThreadPoolExecutor) -> list[Future]:
+        door = self.door
+        self.answer = pool.submit(self.prober.get, door.url.rstrip("/") + "/health", door.node)
+        self.stat = pool.submit(self._show_stat)
+        path = check_path(self.router_kind)
+        self.readiness = {slot.name: pool.submit(self.prober.get, slot.url.rstrip("/") + path,
+                                                 door.node) for slot in door.slots}
+        self.workers = {
+            slot.name: pool.submit(self.prober.request, "GET", slot.url.rstrip("/") + "/workers",
+                                   door.node, api_key=self.api_key, router_port=door.port)
+            for slot in door.slots} if self.asks_members else {}
+        return [self.answer, self.stat, *self.readiness.values(), *self.workers.values()]
+
+    def _show_stat(self) -> dict[tuple[str, str], dict[str, str]]:
+        return parse_show_stat(runtime_api(self.transport, self.door.node,
+                                           self.door.admin_socket, "show stat", self.timeout))
+
+    def report(self, containers: Mapping[str, str], tls_verification: str | None) -> DoorReport:
+        """CONTAINERS: role -> docker state, from the status's rows."""
+        door = self.door
+        answer = _result(self.answer, HttpAnswer(door.url + "/health", "-", error="timed out"))
+        stat: dict[tuple[str, str], dict[str, str]] | None = None
+        stat_error = None
+        if self.stat is not None and self.stat.done():
+            try:
+                stat = self.stat.result()
+            except (RuntimeApiError, csv.Error) as error:
+                stat_error = str(error)
+        else:
+            stat_error = "the runtime API did not answer in time"
+        if self.asks_members:
+            membership = "each slot's GET /workers"
+        elif self.router_kind != "rust":
+            membership = "MiniLB: every group is on each slot's command line"
+        else:
+            membership = "not asked: no routerApiKey at hand"
+        report = DoorReport(door.url, door.tls, tls_verification if door.tls else None,
+                            door.node, containers.get("door", "unknown"), answer, [],
+                            stat_error, membership)
+        path = check_path(self.router_kind)
+        for slot in door.slots:
+            report.slots.append(self._slot(slot, containers.get(slot.role, "unknown"), stat,
+                                           path))
+        report.problems = self._door_problems(report)
+        return report
+
+    def _slot(self, slot: Slot, container: str,
+              stat: dict[tuple[str, str], dict[str, str]] | None, path: str) -> SlotReport:
+        readiness = _result(self.readiness.get(slot.name),
+                            HttpAnswer(slot.url + path, "-", error="timed out"))
+        report = SlotReport(slot.name, slot.role, slot.url, slot.server, container, readiness)
+        if stat is not None:
+            row = stat.get((self.door.backend, slot.server))
+            if row is None:
+                report.problems.append(f"the door's backend {self.door.backend} has no server "
+                                       f"{slot.server}")
+            else:
+                report.at_door = row.get("status") or None
+                report.sessions = _int(row.get("scur"))
+                report.check = row.get("check_status") or None
+                report.since_change = _int(row.get("lastchg"))
+        if slot.name in self.workers:
+            answer = _result(self.workers[slot.name],
+                             HttpAnswer(slot.url + "/workers", "-", error="timed out"))
+            try:
+                if answer.status != 200:
+                    raise ValueError(answer.summary())
+                report.members = members(answer.body, self.groups)
+            except (ValueError, KeyError, TypeError, AttributeError) as error:
+                report.members_error = f"GET /workers: {error}"
+        if container != "running":
+            report.problems.append(f"container {container}")
+        if not readiness.ok:
+            report.problems.append(f"not ready (GET {path}: {readiness.summary()})")
+        if report.at_door is not None and not serving_at_door(report.at_door):
+            report.problems.append(f"{report.at_door} at the door")
+        if report.members_error:
+            report.problems.append(report.members_error)
+        for member in report.members or []:
+            if not member.registered:
+                report.problems.append(f"{member.group} not registered")
+            elif not member.healthy:
+                report.problems.append(f"{member.group} unhealthy")
+        return report
+
+    def _door_problems(self, report: DoorReport) -> list[str]:
+        problems = []
+        if report.container != "running":
+            problems.append(f"the door's container is {report.container}")
+        if not report.answer.ok:
+            problems.append(f"GET {report.url}/health through the door: "
+                            f"{report.answer.summary()}")
+        if report.stat_error:
+            problems.append(f"runtime API: {report.stat_error}")
+        serving = report.serving_slots
+        if not serving:
+            problems.append("no slot serves")
+        elif len(serving) < len(report.slots):
+            down = [slot.name for slot in report.slots if not slot.serving]
+            problems.append(f"slot {', '.join(down)} does not serve; "
+                            f"{', '.join(slot.name for slot in serving)} carries every request")
+        return problems
+
+
+def _result(future: Future | None, fallback: Any) -> Any:
+    return future.result() if future is not None and future.done() else fallback

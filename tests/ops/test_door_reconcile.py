@@ -1,0 +1,107 @@
+"""`kimipd reconcile` on a stack with the door (tests/ops/door_fakes.py, the status as `kimipd
+status` takes it): a dead slot is a unit of its own, healed while the other serves; a dead door
+is one too; the routers' view is asked of any slot that answers."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from components.config import VerificationSpec
+from ops.heal_policy import MESSAGE_PREFIX, SERVING, WAITING, Limits, Memory, assess, breakages
+from ops.reconcile import Reconciler, Settings
+from ops.stack import Access, Stack, Topology
+from tests.ops.door_fakes import KEY, DoorStack
+from tests.ops.test_reconcile import Engine
+from tests.unit.test_heal_policy import report, row
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def door(tmp_path: Path) -> Iterator[DoorStack]:
+    started = DoorStack(tmp_path)
+    yield started
+    started.stop()
+
+
+class Harness:
+    def __init__(self, tmp_path: Path, door: DoorStack) -> None:
+        self.now = 1_000_000.0
+        self.engine = Engine()
+        self.log = io.StringIO()
+        self.settings = Settings(stack="door", project_dir=tmp_path, limits=Limits(
+            grace_seconds=10, max_heals_per_hour=2), dry_run=False,
+            state_file=tmp_path / "state.json", log=self.log, probe_timeout=3.0)
+        stack = Stack(Topology.from_outputs("door", door.outputs()), Access(None, {}),
+                      VerificationSpec(), router_api_key=KEY, router_kind="rust")
+        self.reconciler = Reconciler(self.settings, lambda: stack,
+                                     lambda access: door.nodes(),
+                                     engine_factory=lambda: self.engine, clock=lambda: self.now)
+
+    def run(self, advance: float = 0.0):
+        self.now += advance
+        return self.reconciler.run_pass()
+
+    def lines(self) -> list[dict]:
+        return [json.loads(line) for line in self.log.getvalue().splitlines()]
+
+
+def test_a_dead_slot_is_healed_alone_while_the_other_serves(tmp_path, door: DoorStack) -> None:
+    h = Harness(tmp_path, door)
+    first = h.run()
+    assert first.kind == "healthy", first
+    assert h.lines()[-1]["routerSees"] == {url: "healthy" for url in
+                                           (door.groups["prefill"].url, door.groups["decode"].url)}
+    assert h.lines()[-1]["routerSeesSlot"] == "a"
+    door.kill_slot("a")
+    grace = h.run(1)
+    assert (grace.kind, grace.exit_code, grace.units) == ("grace", WAITING, ("router-a",))
+    # slot a does not answer: the routers' view comes from b
+    assert h.lines()[-1]["routerSeesSlot"] == "b" and len(h.lines()[-1]["routerSees"]) == 2
+    healed = h.run(10)
+    assert (healed.kind, healed.exit_code, healed.units) == ("healed", SERVING, ("router-a",))
+    assert h.engine.heals == [f"{MESSAGE_PREFIX} heal router-a (kimipd-router-a on 127.0.1.4: "
+                              "exited (exit 137))"]
+
+
+def test_both_slots_dead_are_two_units_and_the_door_is_not_one(tmp_path,
+                                                               door: DoorStack) -> None:
+    """The door's own liveness (its exporter's monitor-uri) answers while no slot does: a heal
+    of the slots does not count against the door's limit."""
+    h = Harness(tmp_path, door)
+    door.kill_slot("a")
+    door.kill_slot("b")
+    assert h.run().units == ("router-a", "router-b")
+    assert "slot a: connection refused; slot b: connection refused" in (
+        h.lines()[-1]["routerSees"]["error"])
+    assert "routerSeesSlot" not in h.lines()[-1]
+
+
+def test_a_dead_door_is_a_unit(tmp_path, door: DoorStack) -> None:
+    h = Harness(tmp_path, door)
+    door.kill("door")
+    door.exporter.stop()
+    door.door.stop()
+    decision = h.run()
+    assert (decision.kind, decision.units) == ("grace", ("door",))
+    assert decision.details["problems"]["door"][0] == (
+        "kimipd-door on 127.0.1.4: exited (exit 137)")
+
+
+def test_units_of_a_door_stack() -> None:
+    found = breakages(report(row("door"), row("router-a", "exited", ok=False), row("router-b"),
+                             row("decode-r0", group="decode")))
+    assert list(found) == ["router-a"]
+    memory = Memory()
+    limits = Limits(grace_seconds=60)
+    assert assess(found, memory, limits, 0.0, serving=True).kind == "grace"
+    decision = assess(found, memory, limits, 61.0, serving=True)
+    assert (decision.kind, decision.units) == ("heal", ("router-a",))
+    both = breakages(report(row("door", "exited", ok=False), row("router-a", ok=False),
+                            row("router-b")))
+    assert sorted(both) == ["door", "router-a"]
