@@ -178,8 +178,10 @@ def write_door_config_command(cfg: ClusterConfig) -> str:
     check = ["docker", "run", "--rm", "--network", "none", "--entrypoint", HAPROXY,
              "-v", f"{directory}:{directory}:ro", door_spec(cfg).image, "-c", "-q", "-f", new]
     return (f"mkdir -p {shell([directory])} && chmod 700 {shell([directory])} && "
-            f"cat > {shell([new])} && {shell(check)} && mv {shell([new, target])} && "
-            f"{reload_door_command(cfg)}")
+            # A state file with its version line only: no state yet (and no warning).
+            f"{{ [ -s {shell([door_state_file(cfg)])} ] || echo 1 > "
+            f"{shell([door_state_file(cfg)])}; }} && cat > {shell([new])} && "
+            f"{shell(check)} && mv {shell([new, target])} && {reload_door_command(cfg)}")
 
 
 def remove_door_files_command(cfg: ClusterConfig) -> str:

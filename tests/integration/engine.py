@@ -58,11 +58,13 @@ ROUTER_API_KEY = "kimipd-test-router-key"
 AUTHORIZED = {"Authorization": f"Bearer {ROUTER_API_KEY}"}
 
 
-def sim_values(sim: SimCluster, stack: str = "sim", **changes) -> dict:
+def sim_values(sim: SimCluster, stack: str = "sim", door: bool = False, **changes) -> dict:
+    """STACK's values on this sim; with DOOR, the door in front of two router slots (its
+    image built on this sim), which test_door.py covers."""
     values = copy.deepcopy(stack_values(stack))
     values["image"] = sim.image
-    if values["router"].get("door") is not None:
-        values["router"]["door"]["image"] = sim.door_image
+    if door:
+        values["router"]["door"] = {"image": sim.door_image}
     values.update(changes)
     return values
 

@@ -25,7 +25,7 @@ SOCKET = "/opt/kimipd/router-31000/door/admin.sock"
 
 
 def door_values(sim: SimCluster) -> dict:
-    values = sim_values(sim, "sim-2p2d")
+    values = sim_values(sim, "sim-2p2d", door=True)
     # Streams long enough to be in flight while a slot drains (26 tokens at 26 tokens/s).
     values["container"]["env"] = {**values["container"]["env"],
                                   "SGLANG_STANDIN_DECODE_TOKENS_PER_S": "26"}
@@ -85,7 +85,8 @@ def test_the_door_serves_through_both_slots_and_status_shows_them(
     served = {name: int(row["stot"]) for name, row in door_servers(sim).items()}
     assert all(count > 0 for count in served.values()), served
     status = kimipd(project, "door", "status")
-    assert "slot-a" in status.stdout and "slot-b" in status.stdout, status.stdout
+    assert status.returncode == 0, status.stdout
+    assert "serving slots: a, b" in status.stdout, status.stdout
 
 
 def test_a_router_only_change_rolls_the_slots_one_at_a_time_and_fails_nothing(
@@ -102,7 +103,8 @@ def test_a_router_only_change_rolls_the_slots_one_at_a_time_and_fails_nothing(
     assert before["kimipd-router-b"] != after["kimipd-router-b"]
     # One slot at a time: whichever went first was up at the door again before the other went.
     first, second = sorted(["router-a", "router-b"], key=lambda name: replaced(events, name))
-    assert events.index("done", "create", f"{first}-door-admit") < replaced(events, second)
+    assert events.index("done", "create-replacement", f"{first}-door-admit") \
+        < replaced(events, second)
     assert {row["status"] for row in door_servers(sim).values()} == {"UP"}
 
 
@@ -128,17 +130,21 @@ def test_a_killed_slot_costs_only_its_open_requests_and_heals_alone(
     with StreamingLoad() as load:
         time.sleep(3)
         open_on_a = int(door_servers(sim)["slot-a"]["scur"])
-        killed_at = time.monotonic()
+        kill_sent = time.monotonic()
         assert sim.docker(ROUTER_NODE, "kill", "--signal", "KILL",
                           "kimipd-router-a").returncode == 0
+        killed_at = time.monotonic()
         time.sleep(8)
         # Every request sent after the kill went to slot b (a refused connection is retried
-        # there); only what slot a had open at that instant could be lost.
-        after_kill = load.failed(since=killed_at + 0.01)
+        # there); only what slot a had open when it died could be lost: those open before the
+        # `docker kill` (over SSH) and those sent while it ran.
+        after_kill = load.failed(since=killed_at)
+        sent_while_killing = [r for r in load.results if kill_sent <= r[0] < killed_at]
         servers = door_servers(sim)
-    print(load.summary("SIGKILL of slot a") + f"; {open_on_a} open on slot a when killed")
+    print(load.summary("SIGKILL of slot a") + f"; {open_on_a} open on slot a before the kill, "
+          f"{len(sent_while_killing)} sent during its {killed_at - kill_sent:.2f}s")
     assert not after_kill, after_kill
-    assert len(load.failed()) <= open_on_a
+    assert len(load.failed()) <= open_on_a + len(sent_while_killing)
     assert servers["slot-a"]["status"].startswith("DOWN"), servers["slot-a"]
     assert servers["slot-b"]["status"] == "UP"
     # What `kimipd reconcile` runs for a dead unit: refresh records the exited container, up

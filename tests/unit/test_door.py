@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import shutil
 import subprocess
 import sys
 
@@ -15,6 +16,14 @@ from components.render import (door_haproxy_config, door_plan, drain_command, fi
 from tests.conftest import REPO
 
 CERT = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+DOOR_IMAGE = "registry.example/kimipd/door@sha256:" + "a" * 64
+
+
+@pytest.fixture
+def pro6000(pro6000: dict) -> dict:
+    """pro6000 with the door."""
+    pro6000["router"]["door"] = {"image": DOOR_IMAGE}
+    return pro6000
 
 
 def config(pro6000: dict, **door):
@@ -126,3 +135,26 @@ def test_router_members_parses_the_doors_show_stat() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True)
     assert result.stdout.split() == ["['slot-a',", "'slot-b']", "DRAIN", "5", "True", "False"]
+
+
+def test_haproxy_accepts_the_rendered_configuration(pro6000: dict, tmp_path) -> None:
+    """Debian's haproxy 2.6 (the door image's) checks what the door would run, TLS included."""
+    haproxy = shutil.which("haproxy")
+    if haproxy is None:
+        pytest.skip("haproxy is not installed (scripts/test installs Debian's package)")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj",
+                    "/CN=174.1.60.5", "-addext", "subjectAltName=IP:174.1.60.5",
+                    "-keyout", str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem")],
+                   check=True, capture_output=True)
+    cert = (tmp_path / "cert.pem").read_text()
+    for cfg in (load_cluster_config(pro6000), config(pro6000, tls={"certificate": cert})):
+        (tmp_path / "tls.pem").write_text(cert + (tmp_path / "key.pem").read_text())
+        rendered = door_haproxy_config(cfg).replace("/opt/kimipd/router-31000/door",
+                                                    str(tmp_path))
+        (tmp_path / "haproxy.cfg").write_text(rendered)
+        (tmp_path / "servers.state").write_text("1\n")  # as the config command leaves it
+        result = subprocess.run([haproxy, "-c", "-f", str(tmp_path / "haproxy.cfg")],
+                                capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "WARNING" not in result.stdout + result.stderr, result.stdout + result.stderr
