@@ -6,7 +6,8 @@ import pulumi
 
 from components.assets import verify_node_file_sources
 from components.cluster import Cluster
-from components.config import ConfigError, config_warnings, load_cluster_config
+from components.config import (ConfigError, config_warnings, load_cluster_config,
+                               out_node_notes)
 from components.host_keys import resolve_host_keys
 from components.stack_config import (
     check_stack_secrets,
@@ -33,6 +34,8 @@ except ConfigError as error:
     raise pulumi.RunError(str(error)) from None
 for warning in config_warnings(config):
     pulumi.log.warn(warning)
+for note in out_node_notes(config):
+    pulumi.log.warn(note)
 
 cluster = Cluster("kimi-k3-pd", config, ssh_private_key(), digests, host_keys, api_key,
                   tls_key)

@@ -50,6 +50,7 @@ import socket
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from contextlib import contextmanager
 
@@ -159,6 +160,28 @@ def registered(workers: list[dict], url: str) -> list[dict]:
     return [w for w in workers if w.get("url") == url]
 
 
+def rank0_refuses(url: str) -> bool:
+    """Whether nothing listens on the group's rank-0 port (its process is gone). A slow or
+    overloaded server still accepts the connection, so it counts as running."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname, parts.port or 80), timeout=3):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+
+
+def serving_nowhere(live: list[tuple[Router, list[dict]]], url: str) -> str | None:
+    """Why the group at URL serves no request now (so draining it costs nothing), or None."""
+    if rank0_refuses(url):
+        return "its rank 0 is not running"
+    if not any(w.get("is_healthy") for _, workers in live for w in registered(workers, url)):
+        return f"not registered and healthy in any of {routers_said(len(live))}"
+    return None
+
+
 def running_requests(url: str, key: str) -> int | None:
     """The worker's own count (SGLang /get_load: one entry per DP rank); None if it is gone."""
     request = urllib.request.Request(url.rstrip("/") + "/get_load",
@@ -265,6 +288,7 @@ def drain(args, routers: list[Router], state: State) -> int:
     # The wait is bounded per reason, not in total: with three groups of a mode the last one
     # waits for two replacements, each of which may take up to the gate timeout.
     last_said, said_at, reason_since = "", 0.0, start
+    idle: str | None = None
     while True:
         with state.locked():
             live = answering(routers)
@@ -276,6 +300,11 @@ def drain(args, routers: list[Router], state: State) -> int:
             if rolling and not live:
                 # Being replaced itself: the new one gets the serving groups (restore) first.
                 waiting_for = "no router answers GET /workers (being replaced?)"
+            elif rolling and (idle := serving_nowhere(live, url)) is not None:
+                # Nothing to keep serving in its place: when every group of a mode is dead,
+                # each is replaced at once instead of waiting for a peer that never comes.
+                rolling = False
+                log(f"{group}: not serving ({idle}); drained without waiting for a peer")
             elif rolling:
                 holder_out = bool(held and held[0] != group and held[0] in desired)
                 # Every router that serves keeps a healthy group of this mode.
@@ -295,6 +324,7 @@ def drain(args, routers: list[Router], state: State) -> int:
                 how = ("lease taken; " + ", ".join(sorted({peer for _, workers in live for peer
                                                           in healthy_peers(workers, mode, url)}))
                        + " keep serving" if rolling
+                       else "not serving: nothing to keep" if idle is not None
                        else "no other group of its mode to keep serving"
                        if group in desired else "leaving the config")
                 log(f"{group}: removed {removed} registration(s) of {url} from "

@@ -38,9 +38,12 @@ class Cluster(pulumi.ComponentResource):
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("kimipd:cluster:Cluster", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
+        # A node taken out (`nodes[].out`) gets no resource and its groups none: nothing here
+        # dials it. `scripts/kimipd up` drops what the state still holds of it (ops/node_out.py).
+        cfg = cfg.in_service()
         self.nodes = {node.address: Node(cfg, node, private_key, host_keys[node.address],
                                          opts=child)
-                      for node in cfg.nodes}
+                      for node in cfg.nodes if not node.out}
         if cfg.install_node_files == "image":
             for node in self.nodes.values():
                 node.prepare_image(cfg, node_file_digests)
@@ -61,7 +64,7 @@ class Cluster(pulumi.ComponentResource):
                 address: {"roles": cfg.roles_of(address), "imageDigest": node.image_digest,
                           "preparedImage": node.prepared_image_tag}
                 for address, node in self.nodes.items()
-            },
+            } | {address: {"roles": [], "out": True} for address in cfg.out_nodes},
             "nodeFiles": dict(sorted(node_file_digests.items())),
             # The observability project (observability/) derives its time-to-first-token alert
             # from this baseline; plain data, no secret in it.

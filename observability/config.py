@@ -86,6 +86,8 @@ class AlertsSpec(Model):
     time-to-first-token ceiling."""
 
     target_down_for_seconds: int = Field(default=60, ge=0)
+    # Every target on one node silent: the node (its link, its power), not a process.
+    node_lost_for_seconds: int = Field(default=30, ge=0)
     rank_down_for_seconds: int = Field(default=30, ge=0)
     no_healthy_worker_for_seconds: int = Field(default=30, ge=0)
     mooncake_master_down_for_seconds: int = Field(default=60, ge=0)

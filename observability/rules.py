@@ -97,6 +97,15 @@ def alert_rules(alerts: AlertsSpec, ttft_seconds: float, ttft_source: str) -> li
         alert("KimipdTargetDown", "up == 0", alerts.target_down_for_seconds, "warning",
               "{{ $labels.instance }} ({{ $labels.role }}) does not answer its scrape",
               "scripts/kimipd status; the process is down or its port unreachable"),
+        # Every target on a node silent at once: the node is gone (link, power, kernel), not one
+        # process; reconcile waits for it and heals once it answers. 30 s: two scrapes in a row.
+        alert("KimipdNodeLost", f'max by (stack, node) (up{{job="{JOB}"}}) == 0',
+              alerts.node_lost_for_seconds, "critical",
+              "node {{ $labels.node }} of {{ $labels.stack }} answers no scrape: every process "
+              "there is unreachable",
+              "scripts/kimipd status -s {{ $labels.stack }} names what runs there; reconcile "
+              "heals once it answers; a node that will not come back: set its nodes[].out and "
+              "scripts/kimipd -s {{ $labels.stack }} up (docs/healing.md)"),
         alert("KimipdGroupRankDown",
               "kimipd:group_ranks_up:sum < kimipd:group_ranks:count",
               alerts.rank_down_for_seconds, "critical",

@@ -21,6 +21,8 @@ from . import reconcile_cli
 from . import status as status_command
 from . import verify as verify_command
 from .arguments import common as _common, positive as _positive
+from .node_out import OutUpdate
+from .reconcile import default_state_file, load_memory
 from .probe import VIA_CHOICES, Prober
 from .remote import RemoteError, SshTransport, Transport
 from .stack import Access, PulumiCli, Stack, StackError, load_stack
@@ -141,7 +143,30 @@ def build_parser() -> argparse.ArgumentParser:
     orphans.set_defaults(func=run_orphans)
 
     reconcile_cli.add_parser(commands)
+
+    for operation, verb in (("up", "update"), ("preview", "preview")):
+        engine = commands.add_parser(
+            operation, help=f"`pulumi {operation}` that never contacts a node taken out",
+            description=f"`pulumi {operation} -s STACK` with the resources the state holds on "
+                        "every node taken out (kimipd:nodes[].out) excluded, so none of them "
+                        "is contacted"
+                        + ("; once the update converges they are dropped from the state. "
+                           if operation == "up" else ". ")
+                        + "Arguments after -- go to pulumi (e.g. -- --diff --yes).",
+            epilog=EXIT_CODES)
+        _common(engine, suppress=True)
+        engine.add_argument("pulumi_args", nargs=argparse.REMAINDER,
+                            help=f"passed to pulumi {operation}")
+        engine.set_defaults(func=None, operation=operation)
     return parser
+
+
+def reconcile_lost_since(stack: str) -> dict[str, float]:
+    """When reconcile first found each node lost (its state file), if it runs here."""
+    try:
+        return load_memory(default_state_file(stack)).lost_since
+    except StackError:
+        return {}
 
 
 def console() -> Console:
@@ -158,9 +183,12 @@ def run_status(args: argparse.Namespace, stack: Stack, transport: Transport) -> 
         forget = getattr(transport, "forget_failures", None)
         if forget is not None:
             forget()
-        return status_command.collect(stack.topology, transport, prober, args.timeout,
-                                      args.generate_timeout, stack.router_api_key,
-                                      stack.router_kind)
+        report = status_command.collect(stack.topology, transport, prober, args.timeout,
+                                        args.generate_timeout, stack.router_api_key,
+                                        stack.router_kind)
+        if report.lost:
+            status_command.note_lost_since(report, reconcile_lost_since(stack.topology.stack))
+        return report
 
     if not args.watch:
         report = once()
@@ -294,6 +322,13 @@ def main(argv: list[str] | None = None,
         return run_targets(args)
     if args.command == "reconcile":
         return reconcile_cli.run(args, transport_factory)
+    if args.command in ("up", "preview"):
+        extra = [arg for arg in args.pulumi_args if arg != "--"]
+        try:
+            return OutUpdate(args.stack, args.cwd).run(args.operation, extra)
+        except StackError as error:
+            print(f"kimipd: {error}", file=sys.stderr)
+            return DOWN
     try:
         stack = load_stack(args.stack, args.cwd, args.outputs_json, args.config_json)
     except StackError as error:

@@ -66,6 +66,12 @@ class Memory:
     # The stack's config fingerprint when a heal failed: retrying that heal may finish the
     # steps it left, but not apply a config someone changed since.
     failed_heal_config: str | None = None
+    # The last failed heal's failing resources and their last error line, until a heal
+    # converges (the log line has the full error lines; status and the metrics show this).
+    last_failure: str | None = None
+    last_failure_resources: list[str] = field(default_factory=list)
+    # Node -> when a pass first found it not answering over SSH (while it stays so).
+    lost_since: dict[str, float] = field(default_factory=dict)
 
     def unit(self, name: str) -> UnitMemory:
         return self.units.setdefault(name, UnitMemory())
@@ -78,7 +84,10 @@ class Memory:
         units = {name: UnitMemory(**value) for name, value in (data.get("units") or {}).items()}
         return cls(units=units, last_pass=data.get("last_pass"),
                    last_healthy=data.get("last_healthy"),
-                   failed_heal_config=data.get("failed_heal_config"))
+                   failed_heal_config=data.get("failed_heal_config"),
+                   last_failure=data.get("last_failure"),
+                   last_failure_resources=list(data.get("last_failure_resources") or []),
+                   lost_since=dict(data.get("lost_since") or {}))
 
 
 @dataclass(frozen=True)
@@ -121,6 +130,18 @@ def breakages(report: Report) -> dict[str, Breakage]:
             found.setdefault(unit_of(row), []).extend(problems)
     return {unit: Breakage(tuple(problems), unit not in unreachable)
             for unit, problems in found.items()}
+
+
+def unreachable_nodes(report: Report) -> set[str]:
+    """Nodes whose docker state could not be read over SSH in this pass."""
+    return {row.ref.node for row in report.rows if row.docker.state == "unknown"}
+
+
+def note_lost_nodes(memory: Memory, lost: Iterable[str], now: float) -> dict[str, float]:
+    """Keeps when each node was first found lost, forgets the ones that answer again."""
+    lost = set(lost)
+    memory.lost_since = {node: memory.lost_since.get(node, now) for node in sorted(lost)}
+    return dict(memory.lost_since)
 
 
 def _clock(epoch: float) -> str:
@@ -180,10 +201,15 @@ def assess(broken: Mapping[str, Breakage], memory: Memory, limits: Limits, now: 
             {"problems": problems, "retryAt": retry_at})
     cut_off = [name for name in units if not broken[name].reachable]
     if cut_off:
+        lost = {node: _clock(since) for node, since in sorted(memory.lost_since.items())}
+        nodes = (" (" + ", ".join(f"{node} since {since}" for node, since in lost.items()) + ")"
+                 if lost else "")
         return Decision(
             "unreachable", units,
-            f"{', '.join(cut_off)}: a node does not answer over SSH, so an `up` could not reach "
-            "it either; not healing until it answers", REFUSED, {"problems": problems})
+            f"{', '.join(cut_off)}: a node does not answer over SSH{nodes}, so an `up` could "
+            "not reach it either; not healing until it answers (a node that will not come "
+            "back: set its nodes[].out and run `scripts/kimipd up`)", REFUSED,
+            {"problems": problems, "lostNodes": lost})
     return Decision("heal", units, f"healing {', '.join(units)}: refresh and up",
                     SERVING, {"problems": problems})
 
@@ -267,3 +293,5 @@ def finish_heal(memory: Memory, units: Iterable[str], started: float, ok: bool,
             delay = limits.backoff_seconds * 2 ** (unit.failures - 1)
             unit.retry_at = started + min(delay, limits.backoff_max_seconds)
     memory.failed_heal_config = None if ok else config_fingerprint
+    if ok:
+        memory.last_failure, memory.last_failure_resources = None, []

@@ -24,11 +24,11 @@ from prometheus_client.registry import Collector
 from . import status as status_command
 from .heal_policy import (MESSAGE_PREFIX, REFUSED, SERVING, WAITING, Decision, Limits, Memory,
                           assess, breakages, engine_checks, finish_heal, forget_heal,
-                          start_heal)
+                          note_lost_nodes, start_heal, unreachable_nodes)
 from .probe import Prober
 from .remote import Transport
 from .stack import Access, Stack, StackError
-from .stack_engine import StackEngine, StackLocked
+from .stack_engine import HealFailed, StackEngine, StackLocked
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,20 @@ def metric_families(stack: str, memory: Memory, decision: Decision | None,
     broken.add_metric([stack], len(decision.units) if decision and decision.kind != "healed"
                       else 0)
     families: list[Metric] = [heals, failures, last_hour, broken]
+    failing = GaugeMetricFamily(
+        "kimipd_reconcile_heal_failing_resource",
+        "1 per resource that failed the last failed heal (until a heal converges).",
+        labels=["stack", "resource"])
+    for resource in memory.last_failure_resources:
+        failing.add_metric([stack, resource], 1)
+    families.append(failing)
+    lost = GaugeMetricFamily(
+        "kimipd_reconcile_node_unreachable_since_timestamp_seconds",
+        "When reconcile first found the node not answering over SSH; heals wait for it.",
+        labels=["stack", "node"])
+    for node, since in sorted(memory.lost_since.items()):
+        lost.add_metric([stack, node], since)
+    families.append(lost)
     if decision is not None:
         last_decision = GaugeMetricFamily(
             "kimipd_reconcile_last_decision",
@@ -196,6 +210,7 @@ class Reconciler:
         if slot is not None:
             record["routerSeesSlot"] = slot
         broken = breakages(report)
+        note_lost_nodes(self.memory, unreachable_nodes(report), now)
         decision = assess(broken, self.memory, self.settings.limits, now,
                           serving=stack.topology.serving and stack.serving_config)
         if decision.kind != "heal":
@@ -274,12 +289,20 @@ class Reconciler:
         except Exception as error:  # noqa: BLE001 - any engine failure is a failed heal
             finish_heal(self.memory, units, started, False, self.settings.limits, fingerprint)
             record["seconds"] = round(self.clock() - started, 1)
-            record["error"] = str(error).strip()[-2000:]
+            failures = error.failures if isinstance(error, HealFailed) else []
+            # What says why: the failing resources' own error lines; the engine's output (its
+            # tail is the outputs and the summary) only when no resource named one.
+            if failures:
+                record["failures"] = failures
+            else:
+                record["error"] = str(error).strip()[-2000:]
+            self.memory.last_failure = failure_summary(failures, str(error))
+            self.memory.last_failure_resources = [f["resource"] for f in failures]
             retry_at = max(self.memory.unit(n).retry_at or 0 for n in units)
             return Decision("heal-failed", units,
                             f"the heal of {', '.join(units)} failed after "
-                            f"{record['seconds']}s; next attempt at "
-                            f"{datetime.fromtimestamp(retry_at, timezone.utc):%H:%M:%S} UTC",
+                            f"{record['seconds']}s ({self.memory.last_failure}); next attempt "
+                            f"at {datetime.fromtimestamp(retry_at, timezone.utc):%H:%M:%S} UTC",
                             REFUSED, decision.details)
         finish_heal(self.memory, units, started, True, self.settings.limits, fingerprint)
         self.memory.last_healthy = self.clock()
@@ -318,6 +341,15 @@ class Reconciler:
             self.run_pass()
             stop.wait(interval)
         return self.last
+
+
+def failure_summary(failures: list[dict[str, str]], output: str) -> str:
+    """One line for the log's message, status and the metrics: each failing resource and the
+    last line of its error."""
+    if not failures:
+        lines = [line.strip() for line in output.splitlines() if "error" in line.lower()]
+        return (lines[-1] if lines else "no resource named an error")[:300]
+    return "; ".join(f"{f['resource']}: {f['error'].splitlines()[-1]}" for f in failures)[:600]
 
 
 def _iso(epoch: float) -> str:

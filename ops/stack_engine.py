@@ -30,6 +30,37 @@ class StackLocked(Exception):
     """Another update holds the stack (the engine refused to start ours)."""
 
 
+class HealFailed(Exception):
+    """The heal's refresh or up failed; FAILURES says which resources and why."""
+
+    def __init__(self, output: str, failures: list[dict[str, str]]) -> None:
+        super().__init__(output)
+        self.failures = failures
+
+
+# The engine's own summary lines, which name no resource's reason.
+_ENGINE_NOISE = ("update failed", "refresh failed", "preview failed")
+
+
+def failures_from_events(events: list[auto.EngineEvent]) -> list[dict[str, str]]:
+    """Each resource whose step failed, with the error lines its provider gave (the last 1500
+    characters: a remote command's error ends with its stderr), in the order they failed."""
+    found: dict[str, dict[str, str]] = {}
+    for event in events:
+        diagnostic = event.diagnostic_event
+        if diagnostic is None or diagnostic.severity != "error" or not diagnostic.urn:
+            continue
+        text = diagnostic.message.strip()
+        if not text or text.lower() in _ENGINE_NOISE:
+            continue
+        entry = found.setdefault(diagnostic.urn, {
+            "resource": diagnostic.urn.rsplit("::", 1)[-1],
+            "type": diagnostic.urn.rsplit("::", 2)[-2].rsplit("$", 1)[-1],
+            "error": ""})
+        entry["error"] = (entry["error"] + "\n" + text).strip()[-1500:]
+    return list(found.values())
+
+
 def file_backend_locks(backend_url: str | None, project: str, stack: str) -> list[str]:
     """The lock files a file:// backend holds for STACK (pulumi's diy backend writes one per
     running update, under .pulumi/locks/organization/PROJECT/STACK/); other backends answer
@@ -111,10 +142,14 @@ class StackEngine:
 
     def heal(self, message: str) -> dict[str, int]:
         """`pulumi refresh` (the dead containers drift) then `pulumi up` (their groups are
-        replaced whole, gated, admitted, smoke-tested). Returns up's step counts."""
+        replaced whole, gated, admitted, smoke-tested). Returns up's step counts; a failure
+        raises HealFailed with the resources that failed and their error lines."""
+        events: list[auto.EngineEvent] = []
         try:
-            self.stack.refresh(message=message, show_secrets=False)
-            result = self.stack.up(message=message, show_secrets=False)
+            self.stack.refresh(message=message, show_secrets=False, on_event=events.append)
+            result = self.stack.up(message=message, show_secrets=False, on_event=events.append)
         except auto.ConcurrentUpdateError as error:
             raise StackLocked(str(error).strip().splitlines()[-1][:300]) from None
+        except auto.CommandError as error:
+            raise HealFailed(str(error), failures_from_events(events)) from None
         return {op: count for op, count in (result.summary.resource_changes or {}).items()}

@@ -70,6 +70,8 @@ class Report:
     firewall: dict[str, str] = field(default_factory=dict)
     # The door and its slots; None for a stack without a door.
     door: DoorReport | None = None
+    # Nodes whose SSH or docker engine did not answer, first in the report.
+    lost: list[LostNode] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         document = {
@@ -100,7 +102,53 @@ class Report:
         }
         if self.door is not None:
             document["door"] = self.door.as_json()
+        document["lostNodes"] = [lost.as_json() for lost in self.lost]
         return document
+
+
+@dataclass
+class LostNode:
+    """A node the probes could not reach: what failed, what runs there, since when."""
+
+    node: str
+    ssh: bool  # SSH answered (then the docker engine did not)
+    error: str
+    roles: list[str]
+    # When reconcile first found it lost (its state file), None if no pass has.
+    since: float | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"node": self.node, "ssh": "answers" if self.ssh else "unreachable",
+                "dockerEngine": "unreachable", "error": self.error, "runs": self.roles,
+                "since": (datetime.fromtimestamp(self.since, timezone.utc)
+                          .isoformat(timespec="seconds") if self.since else None)}
+
+    def line(self) -> str:
+        since = (f" since {datetime.fromtimestamp(self.since, timezone.utc):%H:%M:%S} UTC"
+                 if self.since else "")
+        what = ("the docker engine does not answer (SSH does)" if self.ssh
+                else "SSH and the docker engine do not answer")
+        return (f"node {self.node} lost{since}: {what}: {self.error}; runs "
+                f"{', '.join(self.roles)}. Reconcile waits for it; one that will not come "
+                "back: set its nodes[].out and `scripts/kimipd up` (docs/healing.md)")
+
+
+def lost_nodes(rows: list[Row]) -> list[LostNode]:
+    found: dict[str, LostNode] = {}
+    for row in rows:
+        docker = row.docker
+        if docker.state != "unknown":
+            continue
+        error = docker.error or "docker state unknown"
+        lost = found.setdefault(row.ref.node, LostNode(
+            row.ref.node, error.startswith("docker: "), error.removeprefix("docker: "), []))
+        lost.roles.append(row.ref.role)
+    return [found[node] for node in sorted(found)]
+
+
+def note_lost_since(report: Report, since: dict[str, float]) -> None:
+    for lost in report.lost:
+        lost.since = since.get(lost.node)
 
 
 _DOCKER_TIME = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)?$")
@@ -323,7 +371,7 @@ def collect(topology: Topology, transport: Transport, prober: Prober, timeout: f
     else:
         exit_code, verdict = DEGRADED, "degraded"
     return Report(topology.stack, now, True, rows, path_answer, exit_code, verdict, notes,
-                  firewall, door_report)
+                  firewall, door_report, lost_nodes(rows))
 
 
 # -- rendering -----------------------------------------------------------------------------------
@@ -409,6 +457,7 @@ def render(report: Report) -> Group:
              f"({report.checked_at.strftime('%Y-%m-%d %H:%M:%S UTC')})")
     if not report.rows:
         return Group(Text(title, style="bold red"), *[Text(note) for note in report.notes])
+    lost = [Text(node.line(), style="bold red") for node in report.lost]
     table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
     for column in ("role", "node", "container", "state", "uptime", "gen", "health", "via",
                    "verdict"):
@@ -420,7 +469,7 @@ def render(report: Report) -> Group:
             row.docker.generation or "-", _health_text(row.health), row.health.via,
             Text("ok", style="green") if row.ok else Text("; ".join(row.problems), style="red"),
         )
-    lines: list[Any] = [table]
+    lines: list[Any] = [*lost, table]
     if report.door is not None:
         lines += _door_lines(report.door)
     if report.path is not None:

@@ -19,7 +19,7 @@ from .load import (CONFIG_NAMESPACE, SECRET_KEYS, load_cluster_config, read_stac
 from .messages import shown_value
 from .rules.runbook import MOONCAKE_WHEEL_PREFIX, parse_mooncake_version
 from .schema import ConnectionSpec, GroupSpec, NodeFileSpec, NodeSpec, VerificationSpec
-from .warnings import config_warnings
+from .warnings import config_warnings, out_node_notes
 
 __all__ = [
     "CONFIG_NAMESPACE",
@@ -33,6 +33,7 @@ __all__ = [
     "NodeSpec",
     "VerificationSpec",
     "config_warnings",
+    "out_node_notes",
     "load_cluster_config",
     "parse_mooncake_version",
     "read_stack_file",

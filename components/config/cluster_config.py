@@ -114,6 +114,27 @@ class ClusterConfig(Model):
             return ["router"]
         return ["door", *(f"router-{name}" for name in SLOT_NAMES)]
 
+    @property
+    def out_nodes(self) -> list[str]:
+        """The nodes taken out of service (`nodes[].out`), in declaration order."""
+        return [node.address for node in self.nodes if node.out]
+
+    def groups_leaving(self) -> dict[str, list[str]]:
+        """Every group with a rank on a node taken out -> those nodes."""
+        out = set(self.out_nodes)
+        return {name: [address for address in group.nodes if address in out]
+                for name, group in self.groups.items() if out & set(group.nodes)}
+
+    def in_service(self) -> ClusterConfig:
+        """The config the program deploys: without the groups that leave with the nodes taken
+        out. The nodes themselves stay listed (every other node's firewall still admits them,
+        so none is touched now or when they come back); the program prepares only those in."""
+        leaving = self.groups_leaving()
+        if not leaving:
+            return self
+        return self.model_copy(update={"groups": {name: group for name, group in
+                                                  self.groups.items() if name not in leaving}})
+
     def node(self, address: str) -> NodeSpec:
         return next(node for node in self.nodes if node.address == address)
 

@@ -23,6 +23,10 @@ class NodeSpec(Model):
     gpus: int = Field(default=8, ge=0)
     # `ssh-ed25519 AAAA...`: pinned host key; unset means the key is not checked.
     host_key: str | None = None
+    # true: the node is taken out of service (lost, in repair). Its groups leave every router
+    # slot and are deleted; nothing on it is contacted; `scripts/kimipd up` drops its resources
+    # from the state. Back to false, the next `up` prepares it from scratch (docs/healing.md).
+    out: bool = False
 
     @field_validator("address")
     @classmethod

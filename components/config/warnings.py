@@ -85,3 +85,22 @@ def rollout_warnings(cfg: ClusterConfig) -> list[str]:
                 f"touches them all, leaving no {mode} group until they have loaded; "
                 "'one-group-at-a-time' keeps one serving.")
     return warnings
+
+
+def out_node_notes(cfg: ClusterConfig) -> list[str]:
+    """What the preview says of each node taken out: which groups leave, that nothing on the
+    node is contacted, and how its resources leave the state."""
+    notes = []
+    leaving = cfg.groups_leaving()
+    for address in cfg.out_nodes:
+        groups = sorted(name for name, nodes in leaving.items() if address in nodes)
+        went = (f"{', '.join(groups)} leave{'s' if len(groups) == 1 else ''} every router "
+                "slot (drained on the router's node) and "
+                f"{'is' if len(groups) == 1 else 'are'} deleted, ranks on other nodes included"
+                if groups else "no group runs there")
+        notes.append(
+            f"node {address} is out (nodes[].out): {went}. Nothing on {address} is contacted: "
+            "`scripts/kimipd -s STACK up` runs this update without its resources and then drops "
+            "them from the state (a plain `pulumi up` would dial it to delete them). Set out "
+            "back to false to prepare it again from scratch.")
+    return notes

@@ -63,11 +63,13 @@ class Cluster:
         self.key_file.write_text(KEY + "\n")
         self.router = ""
         self.bootstrap: dict[str, str] = {}
+        self.by_name: dict[str, subprocess.Popen] = {}
 
     def start(self, name: str, argv: list[str], env: dict[str, str]) -> None:
         log = (self.work / f"{name}.log").open("w")
         self.processes.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                                stdin=subprocess.DEVNULL, env=env, cwd="/tmp"))
+        self.by_name[name] = self.processes[-1]
 
     def server(self, name: str, mode: str, **env: str) -> None:
         port = free_port()
@@ -222,3 +224,42 @@ def test_restore_gives_a_new_router_every_group_not_out_for_its_replacement(
     wait_until(lambda: cluster.healthy() == {"prefill-a", "decode-b"}, 20,
                "decode-b registered by restore, decode-a left out")
     assert cluster.members("admit", "decode-a").returncode == 0
+
+
+def test_every_group_of_a_mode_dead_is_drained_without_waiting_for_a_peer(
+        cluster: Cluster) -> None:
+    """Two more decode groups, admitted, then both killed: neither drain waits for the other
+    (before, each waited for a healthy peer that the other's drain never let come back)."""
+    for name in ("decode-c", "decode-d"):
+        cluster.server(name, "decode")
+        wait_until(lambda name=name: answers(cluster.urls[name] + "/health") == 200, 30,
+                   f"{name} healthy")
+        assert cluster.members("want", name).returncode == 0
+        assert cluster.members("admit", name).returncode == 0
+    # The others out of the router: decode-c and decode-d are the only decode groups serving.
+    for name in ("decode-a", "decode-b"):
+        assert cluster.members("unwant", name).returncode == 0
+        assert cluster.members("drain", name, "--drain-timeout", "5").returncode == 0
+    alive = cluster.members("drain", "decode-c", "--drain-timeout", "5", timeout=2)
+    assert alive.returncode == 0 and "lease taken; " in alive.stdout, alive.stdout
+    assert cluster.members("admit", "decode-c").returncode == 0
+    for name in ("decode-c", "decode-d"):
+        process = cluster.by_name[name]
+        process.kill()
+        process.wait(10)
+    started = time.monotonic()
+    for name in ("decode-c", "decode-d"):
+        drained = cluster.members("drain", name, "--drain-timeout", "5", timeout=30)
+        assert drained.returncode == 0, drained.stderr
+        assert "its rank 0 is not running" in drained.stdout, drained.stdout
+    assert time.monotonic() - started < 20, "a dead group's drain waited for a peer"
+    assert "decode-c" not in cluster.healthy() and "decode-d" not in cluster.healthy()
+    # A live group whose only peer is dead still waits: the rollout keeps one serving.
+    for name in ("decode-a", "decode-b"):
+        assert cluster.members("want", name).returncode == 0
+    assert cluster.members("admit", "decode-a").returncode == 0
+    for name in ("decode-c", "decode-d"):
+        assert cluster.members("unwant", name).returncode == 0
+    waited = cluster.members("drain", "decode-a", "--drain-timeout", "5", timeout=2)
+    assert waited.returncode == 1 and "no other decode group" in waited.stderr, waited.stderr
+    assert "decode-a" in cluster.healthy()

@@ -152,3 +152,30 @@ def gpus_per_node(cfg: ClusterConfig) -> Iterable[str]:
                f"claim {total} GPUs ({listed}) of its {node.gpus} (nodes[{index}].gpus), and "
                "every container sees all of the node's GPUs from GPU 0, so the groups would load "
                "onto the same GPUs: give each group nodes of its own.")
+
+
+def out_nodes_keep_the_cluster_serving(cfg: ClusterConfig) -> Iterable[str]:
+    """A node taken out takes its groups with it; what must stay refuses it."""
+    out = {node.address: index for index, node in enumerate(cfg.nodes) if node.out}
+    if not out:
+        return
+    for address, index in out.items():
+        key = f"nodes[{index}].out"
+        if address == cfg.router.node:
+            yield (f"{key}: {address!r} holds the router (router.node) and its door, which "
+                   "stand on one node: move router.node to a node that stays, in its own "
+                   "reviewed `up`, before taking this one out.")
+        if address == cfg.mooncake_master.node:
+            yield (f"{key}: {address!r} runs the Mooncake master (mooncakeMaster.node), which "
+                   "every group's KV transfer needs: set mooncakeMaster.node to a node that "
+                   "stays in the same edit (every group restarts against the new master, one "
+                   "at a time).")
+    for mode in ("prefill", "decode"):
+        groups = cfg.groups_in_mode(mode)
+        staying = [name for name, group in groups.items() if not set(group.nodes) & set(out)]
+        if groups and not staying:
+            leaving = ", ".join(f"{name} (on {', '.join(sorted(set(group.nodes) & set(out)))})"
+                                for name, group in groups.items())
+            yield (f"nodes[].out: every {mode} group would leave with the nodes taken out: "
+                   f"{leaving}; the cluster would serve nothing. Keep one {mode} group's nodes "
+                   "in, or move a group to nodes that stay.")
