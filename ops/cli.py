@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     reconcile_cli.add_parser(commands)
 
-    for operation, verb in (("up", "update"), ("preview", "preview")):
+    for operation in ("up", "preview"):
         engine = commands.add_parser(
             operation, help=f"`pulumi {operation}` that never contacts a node taken out",
             description=f"`pulumi {operation} -s STACK` with the resources the state holds on "

@@ -10,13 +10,14 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from rich.console import Console
 
 from ops import DEGRADED, DOWN, OK
 from ops import probe as probe_module
 from ops.cli import main
 from ops.probe import Prober
 from ops.stack import Topology
-from ops.status import collect, render
+from ops.status import collect, note_lost_since, render
 from tests.ops.loopback import LocalNodes, LoopbackCluster, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.timeout(300)
@@ -203,6 +204,18 @@ def test_a_dead_node_costs_its_own_rows_not_the_table(cluster: LoopbackCluster) 
     assert dead.docker.state == "unknown" and "no answer within 1s" in dead.docker.error
     assert dead.health.status is None and dead.health.error == "timed out"
     assert all(row.ok for row in by_role.values())
+    # The lost node is named first, before the table: what failed, what runs there, since when.
+    assert [lost.node for lost in report.lost] == ["127.0.0.4"]
+    lost = report.lost[0]
+    assert (lost.ssh, lost.roles) == (False, ["decode-r1"]) and "no answer" in lost.error
+    note_lost_since(report, {"127.0.0.4": 1_800_000_000.0})
+    text = Console(width=400, record=True)
+    text.print(render(report))
+    first = text.export_text().splitlines()[0]
+    assert first.startswith("node 127.0.0.4 lost since 08:00:00 UTC: SSH and the docker "
+                            "engine do not answer"), first
+    assert "runs decode-r1" in first and "nodes[].out" in first
+    assert report.as_json()["lostNodes"][0]["runs"] == ["decode-r1"]
 
 
 def test_a_node_whose_firewall_table_is_gone_is_degraded_and_says_how_to_put_it_back(

@@ -13,8 +13,8 @@ from .router import router_policy, rust_only_keys
 from .runbook import (compute_network_only, mooncake_new_enough, no_expandable_segments,
                       no_nixl, restart_only_by_the_program)
 from .topology import (both_modes_present, duplicate_nodes, gpus_per_node, group_names,
-                       group_shape, groups_share_no_node_per_mode, out_nodes_keep_the_cluster_serving,
-                       unknown_nodes)
+                       group_shape, groups_share_no_node_per_mode,
+                       out_nodes_keep_the_cluster_serving, unknown_nodes)
 
 RULES = (
     unknown_nodes,
