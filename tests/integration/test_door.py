@@ -2,26 +2,39 @@
 front of two keyed rust router slots, 2P2D (Pulumi.sim-2p2d.yaml), under a bounded load of
 10 requests/s, half of them streamed at 26 tokens/s. One stack, one `up`, then in order: a
 router-only change, a restartGeneration bump (every container but the door) and a SIGKILL of a
-serving slot healed by refresh + up (what `kimipd reconcile` runs); each fails no request."""
+serving slot healed by refresh + up (what `kimipd reconcile` runs); each fails no request.
+Then the failures bigger than one process, on the same stack: every decode group killed at
+once and healed by `kimipd reconcile --watch` with no person, and a node whose link is cut taken
+out with one `kimipd up` that never contacts it, then put back; the failed requests counted."""
 
 from __future__ import annotations
 
 import copy
 import json
+import os
+import signal
+import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from pulumi import automation as auto
 
 from sim.automation import Project
+from tests.conftest import REPO
 from tests.integration.engine import (  # noqa: F401 - fixtures
-    CONTAINER, Events, StreamingLoad, container_ids, env, kimipd, new_stack, project, sim,
-    sim_values)
+    AUTHORIZED, CONTAINER, Events, StreamingLoad, container_ids, env, kimipd, new_stack, project,
+    sim, sim_values)
 from tests.integration.sim import SimCluster
 
 ROUTER_NODE = "10.231.60.5"
 SOCKET = "/opt/kimipd/router-31000/door/admin.sock"
+SLOTS = {"a": "http://10.231.60.5:31001", "b": "http://10.231.60.5:31002"}
+DECODE_RANK0 = {"decode-a": "10.231.60.5", "decode-b": "10.231.60.7"}
+ENDPOINTS: dict[str, str] = {}  # group -> its rank 0's URL, as the routers list it
+LOST = "10.231.60.7"  # decode-b's rank 0
 
 
 def door_values(sim: SimCluster) -> dict:
@@ -32,11 +45,27 @@ def door_values(sim: SimCluster) -> dict:
     return values
 
 
+def applied_values(sim: SimCluster, out: str | None = None) -> dict:
+    """What the stack runs after the rollout tests (router extraArgs, restartGeneration 1);
+    OUT: that node taken out."""
+    values = door_values(sim)
+    values["router"]["extraArgs"] = ["--log-level", "warn"]
+    values["restartGeneration"] = 1
+    for node in values["nodes"]:
+        if node["address"] == out:
+            node["out"] = True
+    return values
+
+
 @pytest.fixture(scope="module")
 def stack(project: Project, sim: SimCluster) -> Iterator[auto.Stack]:
     stack = new_stack(project, sim, "door", door_values(sim))
     stack.up(on_output=print)
+    ENDPOINTS.update({name: group["endpoint"]
+                      for name, group in stack.outputs()["groups"].value.items()})
     yield stack
+    set_link(LOST, up=True)
+    project.write_stack("door", door_values(sim))
     stack.destroy(on_output=print)
 
 
@@ -169,3 +198,131 @@ def test_preview_of_a_router_change_names_the_slots_drains(
     text = preview.stdout
     assert "router-a-door-drain" in text and "router-b-door-drain" in text
     assert "slot-drain" in text
+
+
+def set_link(address: str, up: bool) -> None:
+    """The host side of the node's veth on the sim bridge (sim/sim: kpdvN for 10.231.60.N)."""
+    link = "kpdv" + address.rsplit(".", 1)[-1]
+    subprocess.run(["ip", "link", "set", link, "up" if up else "down"], check=True)
+
+
+def healthy_in_slots() -> dict[str, set[str]]:
+    """slot -> the worker URLs it lists healthy (GET /workers with the key; {} if it does not
+    answer)."""
+    seen = {}
+    for slot, url in SLOTS.items():
+        request = urllib.request.Request(url + "/workers", headers=AUTHORIZED)
+        try:
+            with urllib.request.urlopen(request, timeout=3) as response:
+                workers = json.load(response)["workers"]
+        except (OSError, ValueError, KeyError):
+            workers = []
+        seen[slot] = {w["url"] for w in workers if w.get("is_healthy")}
+    return seen
+
+
+def group_url(group: str) -> str:
+    return ENDPOINTS[group]
+
+
+def wait_for(predicate, seconds: float, what: str, every: float = 0.5) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        if predicate():
+            return time.monotonic() - started
+        time.sleep(every)
+    raise AssertionError(f"not within {seconds:.0f}s: {what}")
+
+
+def test_every_decode_group_killed_heals_with_no_person(
+        stack: auto.Stack, sim: SimCluster, project: Project, tmp_path: Path) -> None:
+    # The preview test above left changes unapplied, which reconcile would rightly refuse.
+    project.write_stack("door", applied_values(sim))
+    log = tmp_path / "reconcile.jsonl"
+    watcher = subprocess.Popen(
+        [str(REPO / "scripts" / "kimipd"), "-s", "door", "--cwd", str(project.directory),
+         "reconcile", "--watch", "--interval", "5", "--grace-seconds", "0",
+         "--human-window-minutes", "0", "--log", str(log), "--state-file",
+         str(tmp_path / "reconcile.json")],
+        env=os.environ | project.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with StreamingLoad() as load:
+            time.sleep(3)
+            for group, node in DECODE_RANK0.items():
+                assert sim.docker(node, "kill", "--signal", "KILL",
+                                  f"kimipd-{group}-r0").returncode == 0
+            killed = time.monotonic()
+            wait_for(lambda: not any(group_url(g) in urls for g in DECODE_RANK0
+                                     for urls in healthy_in_slots().values()),
+                     30, "both decode groups unhealthy in both slots")
+            # Serving again: both groups healthy in both slots (then every request is
+            # answered whole, asserted below).
+            wait_for(lambda: all(group_url(g) in urls for g in DECODE_RANK0
+                                 for urls in healthy_in_slots().values()),
+                     420, "both decode groups healthy in both slots again", every=1)
+            back = time.monotonic() - killed
+            time.sleep(5)
+        lines = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    finally:
+        watcher.send_signal(signal.SIGTERM)
+        watcher.wait(300)
+    failed_after = [r for r in load.failed() if r[0] > killed + back]
+    print(load.summary("every decode group killed") + f"; serving again {back:.1f}s after the "
+          f"kill, {len(load.failed(since=killed))} failed after the kill")
+    decisions = [line.get("decision") for line in lines if "decision" in line]
+    assert "healed" in decisions, decisions
+    assert "heal-failed" not in decisions, lines
+    assert not failed_after, failed_after
+    # One group load (3 s on the sim) plus 60 s, plus one watch interval to see it.
+    assert back < 3 + 60 + 5 + 60, f"serving again only after {back:.0f}s"
+
+
+def test_a_lost_node_goes_out_without_a_connection_and_comes_back_failing_nothing(
+        stack: auto.Stack, sim: SimCluster, project: Project) -> None:
+    set_link(LOST, up=False)
+    try:
+        # The router's checks see decode-b's rank 0 gone before the load starts: what fails
+        # at the cut is what was open there (test above), not what this measures.
+        wait_for(lambda: all(group_url("decode-b") not in urls
+                             for urls in healthy_in_slots().values()), 60,
+                 "decode-b unhealthy in both slots")
+        project.write_stack("door", applied_values(sim, out=LOST))
+        started = time.monotonic()
+        with StreamingLoad() as load:
+            time.sleep(2)
+            out = kimipd(project, "door", "up", "--", "--yes", "--skip-preview", timeout=900)
+            time.sleep(2)
+        took = time.monotonic() - started
+        print(load.summary("node taken out, its link down") + f"; the up took {took:.0f}s")
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert "dropped from the state, none contacted" in out.stderr
+        assert not load.failed(), load.summary("node out")
+        export = stack.export_stack().deployment or {}
+        on_lost = [r["urn"] for r in export.get("resources", [])
+                   if (r.get("inputs") or {}).get("connection", {}).get("host") == LOST
+                   or LOST in str((r.get("inputs") or {}).get("host", ""))]
+        assert on_lost == [], on_lost
+        assert all(group_url("decode-a") in urls for urls in healthy_in_slots().values())
+        assert "decode-b" not in stack.outputs()["groups"].value
+        # A no-op now: nothing of the node is left to exclude, nothing else changes.
+        again = kimipd(project, "door", "preview", timeout=600)
+        assert again.returncode == 0 and "the state holds nothing of them" in again.stderr
+    finally:
+        set_link(LOST, up=True)
+    # Back: the node as after a repair (no old container), and the edit undone.
+    sim.remove_kimipd_containers([LOST])
+    project.write_stack("door", applied_values(sim))
+    with StreamingLoad() as load:
+        time.sleep(2)
+        back = kimipd(project, "door", "up", "--", "--yes", "--skip-preview", timeout=900)
+        time.sleep(2)
+    print(load.summary("node put back"))
+    assert back.returncode == 0, back.stderr[-3000:]
+    assert not load.failed(), load.summary("node put back")
+    assert all(group_url(g) in urls for g in DECODE_RANK0
+               for urls in healthy_in_slots().values())
+    resources = stack.export_stack().deployment["resources"]
+    again_on_node = {r["urn"].rsplit("::", 1)[-1] for r in resources
+                     if (r.get("inputs") or {}).get("connection", {}).get("host") == LOST}
+    assert {"node-10-231-60-7-preflight", "node-10-231-60-7-nftables"} <= again_on_node, \
+        sorted(again_on_node)

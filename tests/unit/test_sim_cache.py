@@ -62,6 +62,13 @@ def test_the_tests_read_the_sim_stacks_under_the_runs_cache(monkeypatch: pytest.
     assert f"IdentityFile={OTHER}/sim/ssh/id_ed25519" in observability["connection"]["dockerSshOpts"]
 
 
+def committed_text(path: str) -> str:
+    shown = subprocess.run(["git", "-C", str(REPO), "show", f"HEAD:{path}"],
+                           capture_output=True, text=True, check=False)
+    assert shown.returncode == 0, f"git show HEAD:{path}: {shown.stderr}"
+    return shown.stdout
+
+
 def git_clean(text: str) -> str:
     return subprocess.run([str(REPO / "scripts" / "setup-stack-sim"), "--git-clean"], input=text,
                           capture_output=True, text=True, check=True, timeout=30).stdout
@@ -79,7 +86,9 @@ def test_the_git_filter_writes_another_caches_paths_back_as_committed() -> None:
 
 def test_setup_stack_sim_sets_the_paths_that_name_another_cache() -> None:
     """`pulumi config --json` of stack sim -> the `pulumi config set --path` keys and values."""
-    document = yaml.safe_load((REPO / "Pulumi.sim.yaml").read_text())["config"]
+    # The committed file: the working copy carries whichever cache setup-stack-sim last wrote
+    # (the README-command tests run it for a cache of their own).
+    document = yaml.safe_load(committed_text("Pulumi.sim.yaml"))["config"]
     listed = {key: {"value": json.dumps(value), "objectValue": value, "secret": False}
               if isinstance(value, (dict, list)) else {"value": str(value), "secret": False}
               for key, value in document.items()}
