@@ -19,7 +19,7 @@ from components.config import VerificationSpec
 from ops.heal_policy import MESSAGE_PREFIX, REFUSED, SERVING, WAITING, Limits, UpdateEntry
 from ops.reconcile import MetricsEndpoint, ReconcileMetrics, Reconciler, Settings, load_memory
 from ops.stack import Access, Stack, StackError, Topology
-from ops.stack_engine import StackLocked, config_fingerprint, file_backend_locks
+from ops.stack_engine import HealFailed, StackLocked, config_fingerprint, file_backend_locks
 from tests.ops.loopback import free_port
 from tests.unit.test_heal_policy import report, row
 
@@ -150,6 +150,47 @@ def test_a_failed_heal_backs_off_and_a_lock_costs_no_heal(tmp_path) -> None:
     locked = h.run(31)
     assert (locked.kind, locked.exit_code) == ("locked", WAITING)
     assert len(load_memory(h.settings.state_file).unit("decode-b").heals) == 1
+
+
+def test_a_failed_heal_names_its_failing_resources_in_the_log_and_the_metrics(
+        tmp_path) -> None:
+    h = Harness(tmp_path)
+    h.dead = True
+    h.run()
+    h.engine.failure = HealFailed("Outputs:\n  routerUrl: x\nResources: 3 unchanged", [{
+        "resource": "decode-b-drain", "type": "command:remote:Command",
+        "error": "process exited with status 1\nrouter-members: decode-b not drained"}])
+    failed = h.run(11)
+    line = h.lines()[-1]
+    assert failed.kind == "heal-failed" and "error" not in line, line
+    assert line["failures"][0]["resource"] == "decode-b-drain"
+    assert "decode-b-drain: router-members: decode-b not drained" in line["message"]
+    text = h.settings.metrics_file.read_text()
+    assert samples(text)[("kimipd_reconcile_heal_failing_resource",
+                          (("resource", "decode-b-drain"), ("stack", "s")))] == 1
+    assert load_memory(h.settings.state_file).last_failure_resources == ["decode-b-drain"]
+    # A heal that converges clears it.
+    h.engine.failure = None
+    assert h.run(200).kind == "healed"
+    assert "kimipd_reconcile_heal_failing_resource{" not in h.settings.metrics_file.read_text()
+
+
+def test_a_lost_node_is_waited_for_and_its_wait_is_a_metric(tmp_path) -> None:
+    h = Harness(tmp_path)
+    lost = report(row("decode-b-r0", "unknown", ok=False, group="decode-b"))
+    h.reconciler.status = lambda stack, transport, prober: lost
+    first = h.run()
+    waited = h.run(30)
+    assert waited.kind == "unreachable" and "10.0.0.1 since" in waited.message, waited.message
+    assert "nodes[].out" in waited.message
+    text = h.settings.metrics_file.read_text()
+    key = ("kimipd_reconcile_node_unreachable_since_timestamp_seconds",
+           (("node", lost.rows[0].ref.node), ("stack", "s")))
+    assert samples(text)[key] == 1_000_000.0, first
+    h.reconciler.status = lambda stack, transport, prober: report(row(
+        "decode-b-r0", "running", ok=True, group="decode-b"))
+    assert h.run(30).kind == "healthy"
+    assert "node_unreachable_since_timestamp_seconds{" not in h.settings.metrics_file.read_text()
 
 
 def test_a_dry_run_decides_but_runs_and_writes_nothing(tmp_path) -> None:
