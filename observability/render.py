@@ -106,6 +106,17 @@ def alertmanager_yaml(cfg: ObservabilityConfig) -> str:
              "equal": ["stack", "slot"]},
             {"source_matchers": ["alertname=KimipdDoorNoSlotUp"],
              "target_matchers": ["alertname=KimipdDoorSlotDown"], "equal": ["stack"]},
+            # The door down: its slots' states are unknown (its exporter is gone), so the slot
+            # alerts and its own target say nothing more.
+            {"source_matchers": ["alertname=KimipdDoorDown"],
+             "target_matchers": ["alertname=~KimipdDoorSlotDown|KimipdDoorNoSlotUp"],
+             "equal": ["stack"]},
+            {"source_matchers": ["alertname=KimipdDoorDown"],
+             "target_matchers": ["alertname=KimipdTargetDown", "role=door"],
+             "equal": ["stack"]},
+            # A lost node: every target there is down; the node's alert says it once.
+            {"source_matchers": ["alertname=KimipdNodeLost"],
+             "target_matchers": ["alertname=KimipdTargetDown"], "equal": ["stack", "node"]},
         ],
     }
     return yaml.safe_dump(document, sort_keys=False)

@@ -169,6 +169,14 @@ def alert_rules(alerts: AlertsSpec, ttft_seconds: float, ttft_source: str) -> li
               "scripts/kimipd status -s {{ $labels.stack }}; scripts/kimipd logs -s "
               "{{ $labels.stack }} --role door --role router; see the groups' and the routers' "
               "alerts"),
+        # The door itself gone (its exporter, on the port of its /health, unanswered): no
+        # request gets in at all, whatever the slots. 15 s, as KimipdDoorNoSlotUp.
+        alert("KimipdDoorDown", f'up{{job="{JOB}", role="door"}} == 0',
+              alerts.door_no_slot_up_for_seconds, "critical",
+              "the door of {{ $labels.stack }} ({{ $labels.instance }}) does not answer: no "
+              "request gets in",
+              "scripts/kimipd status -s {{ $labels.stack }}; scripts/kimipd logs -s "
+              "{{ $labels.stack }} --role door; scripts/kimipd reconcile heals a dead door"),
         alert("KimipdMooncakeMasterDown",
               f'up{{job="{JOB}", role="mooncake-master"}} == 0 or '
               f'absent(up{{job="{JOB}", role="mooncake-master"}})',

@@ -102,7 +102,9 @@ def door_haproxy_config(cfg: ClusterConfig) -> str:
     longest = router.request_timeout_seconds + 30 if router.kind == "rust" else 3600
     bind = f"bind {router.host}:{router.port}"
     if door.tls is not None:
-        bind += f" ssl crt {door_tls_file(cfg)} alpn h2,http/1.1"
+        # HTTP/1.1 only: over HTTP/2 a 503 of the door reached curl as a cancelled stream with
+        # no status (docs/decisions.md).
+        bind += f" ssl crt {door_tls_file(cfg)} alpn http/1.1"
     interval = door.health_check_interval_ms
     lines = [
         "# kimipd door: HAProxy owns router.port in front of two router slots (docs/door.md).",

@@ -108,7 +108,7 @@ def test_tls_serves_https_and_the_smoke_test_verifies_it(pro6000: dict) -> None:
     cfg = config(pro6000, tls={"certificate": CERT})
     assert router_url(cfg) == "https://174.1.60.5:31000"
     assert ("    bind 0.0.0.0:31000 ssl crt /opt/kimipd/router-31000/door/tls.pem "
-            "alpn h2,http/1.1") in door_haproxy_config(cfg).splitlines()
+            "alpn http/1.1") in door_haproxy_config(cfg).splitlines()
     assert "--cacert /opt/kimipd/router-31000/door/ca.pem" in smoke_test_command(cfg)
     with pytest.raises(ConfigError) as refused:
         config(pro6000, tls={"certificate": "not a certificate"})

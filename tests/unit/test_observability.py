@@ -193,7 +193,13 @@ def test_alertmanager_sends_every_alert_to_the_webhook() -> None:
         # A slot router's own target-down is its slot down at the door, both down none up.
         ("alertname=KimipdDoorSlotDown", ("alertname=KimipdTargetDown", "role=router"),
          ("stack", "slot")),
-        ("alertname=KimipdDoorNoSlotUp", ("alertname=KimipdDoorSlotDown",), ("stack",))}
+        ("alertname=KimipdDoorNoSlotUp", ("alertname=KimipdDoorSlotDown",), ("stack",)),
+        # The door down: the slots' states are unknown, its own target says nothing more.
+        ("alertname=KimipdDoorDown", ("alertname=~KimipdDoorSlotDown|KimipdDoorNoSlotUp",),
+         ("stack",)),
+        ("alertname=KimipdDoorDown", ("alertname=KimipdTargetDown", "role=door"), ("stack",)),
+        # A lost node's targets are all down; the node's alert says it once.
+        ("alertname=KimipdNodeLost", ("alertname=KimipdTargetDown",), ("stack", "node"))}
 
 
 def test_alertmanager_accepts_its_config(tmp_path: Path) -> None:
