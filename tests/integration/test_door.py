@@ -236,8 +236,12 @@ def wait_for(predicate, seconds: float, what: str, every: float = 0.5) -> float:
 
 def test_every_decode_group_killed_heals_with_no_person(
         stack: auto.Stack, sim: SimCluster, project: Project, tmp_path: Path) -> None:
-    # The preview test above left changes unapplied, which reconcile would rightly refuse.
+    # The preview test above left changes unapplied, which reconcile would rightly refuse;
+    # run alone (-k), this module has not applied the rollout tests' values yet.
     project.write_stack("door", applied_values(sim))
+    if stack.preview().change_summary.get("same", 0) != sum(
+            stack.preview().change_summary.values()):
+        stack.up(on_output=print)
     log = tmp_path / "reconcile.jsonl"
     watcher = subprocess.Popen(
         [str(REPO / "scripts" / "kimipd"), "-s", "door", "--cwd", str(project.directory),
@@ -261,6 +265,9 @@ def test_every_decode_group_killed_heals_with_no_person(
                                  for urls in healthy_in_slots().values()),
                      420, "both decode groups healthy in both slots again", every=1)
             back = time.monotonic() - killed
+            # The pass's own line comes once its `up` has ended (readiness, smoke test).
+            wait_for(lambda: '"decision": "healed"' in log.read_text(), 300,
+                     "reconcile's healed decision", every=1)
             time.sleep(5)
         lines = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     finally:
@@ -270,8 +277,10 @@ def test_every_decode_group_killed_heals_with_no_person(
     print(load.summary("every decode group killed") + f"; serving again {back:.1f}s after the "
           f"kill, {len(load.failed(since=killed))} failed after the kill")
     decisions = [line.get("decision") for line in lines if "decision" in line]
-    assert "healed" in decisions, decisions
+    healed = [line for line in lines if line.get("decision") == "healed"]
+    print("reconcile: " + "; ".join(line["message"] for line in lines if "message" in line))
     assert "heal-failed" not in decisions, lines
+    assert healed, decisions
     assert not failed_after, failed_after
     # One group load (3 s on the sim) plus 60 s, plus one watch interval to see it.
     assert back < 3 + 60 + 5 + 60, f"serving again only after {back:.0f}s"
