@@ -239,8 +239,8 @@ def test_every_decode_group_killed_heals_with_no_person(
     # The preview test above left changes unapplied, which reconcile would rightly refuse;
     # run alone (-k), this module has not applied the rollout tests' values yet.
     project.write_stack("door", applied_values(sim))
-    if stack.preview().change_summary.get("same", 0) != sum(
-            stack.preview().change_summary.values()):
+    steps = stack.preview().change_summary
+    if steps.get("same", 0) != sum(steps.values()):
         stack.up(on_output=print)
     log = tmp_path / "reconcile.jsonl"
     watcher = subprocess.Popen(
