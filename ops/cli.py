@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from pulumi import automation as auto
 from rich.console import Console
 from rich.live import Live
 
@@ -22,6 +23,7 @@ from . import status as status_command
 from . import verify as verify_command
 from .arguments import common as _common, positive as _positive
 from .node_out import OutUpdate
+from .stack_engine import StackEngine
 from .reconcile import default_state_file, load_memory
 from .probe import VIA_CHOICES, Prober
 from .remote import RemoteError, SshTransport, Transport
@@ -147,18 +149,34 @@ def build_parser() -> argparse.ArgumentParser:
     for operation in ("up", "preview"):
         engine = commands.add_parser(
             operation, help=f"`pulumi {operation}` that never contacts a node taken out",
-            description=f"`pulumi {operation} -s STACK` with the resources the state holds on "
-                        "every node taken out (kimipd:nodes[].out) excluded, so none of them "
-                        "is contacted"
-                        + ("; once the update converges they are dropped from the state. "
-                           if operation == "up" else ". ")
-                        + "Arguments after -- go to pulumi (e.g. -- --diff --yes).",
+            description=f"`pulumi {operation}` of the stack, the program run inline (as "
+                        "reconcile runs it), with the resources the state holds on every node "
+                        "taken out (kimipd:nodes[].out) excluded, so none of them is contacted"
+                        + ("; once the update converges they are dropped from the state. It "
+                           "shows the preview and asks first, unless --yes."
+                           if operation == "up" else "."),
             epilog=EXIT_CODES)
         _common(engine, suppress=True)
-        engine.add_argument("pulumi_args", nargs=argparse.REMAINDER,
-                            help=f"passed to pulumi {operation}")
-        engine.set_defaults(func=None, operation=operation)
+        engine.add_argument("--diff", action="store_true", help="show each resource's diff")
+        if operation == "up":
+            engine.add_argument("--yes", action="store_true",
+                                help="update without the preview and its question")
+            engine.add_argument("-m", "--message", help="the update's message in the history")
+        engine.set_defaults(func=None)
     return parser
+
+
+def run_engine(args: argparse.Namespace) -> int:
+    """`kimipd up` / `kimipd preview` (ops/node_out.py)."""
+    try:
+        stack = args.stack or PulumiCli(None, args.cwd).stack_name()
+        update = OutUpdate(StackEngine(stack, args.cwd))
+        if args.command == "preview":
+            return update.preview(args.diff)
+        return update.up(args.diff, args.yes, args.message)
+    except (StackError, auto.CommandError) as error:
+        print(f"kimipd {args.command}: {str(error).strip()[-2000:]}", file=sys.stderr)
+        return DOWN
 
 
 def reconcile_lost_since(stack: str) -> dict[str, float]:
@@ -323,12 +341,7 @@ def main(argv: list[str] | None = None,
     if args.command == "reconcile":
         return reconcile_cli.run(args, transport_factory)
     if args.command in ("up", "preview"):
-        extra = [arg for arg in args.pulumi_args if arg != "--"]
-        try:
-            return OutUpdate(args.stack, args.cwd).run(args.operation, extra)
-        except StackError as error:
-            print(f"kimipd: {error}", file=sys.stderr)
-            return DOWN
+        return run_engine(args)
     try:
         stack = load_stack(args.stack, args.cwd, args.outputs_json, args.config_json)
     except StackError as error:

@@ -10,16 +10,14 @@ first, their ranks on other nodes stopped (docs/decisions.md, "Taking a node out
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
-from .stack import StackError
+from pulumi import automation as auto
+
+from .stack_engine import StackEngine
 
 COMPONENT_TYPES_PREFIX = "kimipd:"
 DOCKER_PROVIDER = "pulumi:providers:docker"
@@ -82,7 +80,8 @@ def resources_on(resources: Iterable[StateResource], addresses: Iterable[str],
 
 
 def out_addresses(config: Mapping[str, Any]) -> list[str]:
-    """The nodes the stack's config takes out (`pulumi config --json` values, parsed)."""
+    """The nodes the stack's config takes out (`pulumi config --json`'s shape: key -> value,
+    a structured one as JSON text)."""
     entry = config.get("kimipd:nodes") or {}
     value = entry.get("objectValue")
     if value is None and isinstance(entry.get("value"), str):
@@ -96,56 +95,73 @@ def preview_deletes(steps: Iterable[Mapping[str, Any]]) -> set[str]:
 
 
 class OutUpdate:
-    """One stack's update with its out nodes' resources excluded, then dropped."""
+    """One stack's preview or update with its out nodes' resources excluded, then dropped.
 
-    def __init__(self, stack: str | None, cwd: Path) -> None:
-        binary = shutil.which("pulumi")
-        if binary is None:
-            raise StackError("the pulumi CLI is not on PATH: source the env file "
-                             "scripts/install-pulumi writes (~/.cache/kimipd/pulumi/env)")
-        self.binary, self.stack, self.cwd = binary, stack, cwd
+    Through the Automation API with the program inline, as `kimipd reconcile` runs it (the CLI
+    on PATH, the caller's backend and passphrase), so it needs no language host."""
 
-    def _argv(self, *args: str) -> list[str]:
-        return [self.binary, *args, *(["-s", self.stack] if self.stack else [])]
-
-    def _capture(self, *args: str) -> str:
-        result = subprocess.run(self._argv(*args), cwd=self.cwd, capture_output=True, text=True,
-                                check=False, stdin=subprocess.DEVNULL,
-                                env=os.environ | {"PULUMI_SKIP_UPDATE_CHECK": "1"})
-        if result.returncode != 0:
-            raise StackError(f"`pulumi {' '.join(args[:2])}` failed: "
-                             + (result.stderr.strip() or result.stdout.strip())[-3000:])
-        return result.stdout
+    def __init__(self, engine: StackEngine, out: TextIO = sys.stdout,
+                 confirm: Callable[[str], str] = input) -> None:
+        self.engine, self.out, self.confirm = engine, out, confirm
 
     def excluded(self) -> tuple[list[str], list[str]]:
         """(out node addresses, the URNs of the state's resources on them)."""
-        addresses = out_addresses(json.loads(self._capture("config", "--json") or "{}"))
+        stack = self.engine.stack
+        addresses = out_addresses({key: {"value": value.value}
+                                   for key, value in stack.get_all_config().items()})
         if not addresses:
             return [], []
-        resources = state_resources(json.loads(self._capture("stack", "export") or "{}"))
+        resources = state_resources({"deployment": stack.export_stack().deployment or {}})
         if not resources_on(resources, addresses):
             return addresses, []
-        # Dry run: no provider is called, no node dialled; it says which components go.
-        preview = json.loads(self._capture("preview", "--json", "--suppress-progress") or "{}")
-        return addresses, resources_on(resources, addresses,
-                                       preview_deletes(preview.get("steps") or []))
+        # A dry run: no provider is called, no node dialled; it says which components go.
+        steps: list[dict[str, str]] = []
+        stack.preview(on_event=lambda event: steps.append(
+            {"op": auto.OpType(event.resource_pre_event.metadata.op).value,
+             "urn": event.resource_pre_event.metadata.urn})
+            if event.resource_pre_event is not None else None)
+        return addresses, resources_on(resources, addresses, preview_deletes(steps))
 
-    def run(self, operation: str, extra: list[str]) -> int:
+    def _say(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    def preview(self, diff: bool) -> int:
         addresses, urns = self.excluded()
-        if urns:
-            print(f"kimipd {operation}: {', '.join(addresses)} out: {len(urns)} resources there "
-                  f"are left out of this {operation} and not contacted"
-                  + ("; dropped from the state once it converges" if operation == "up" else ""),
-                  file=sys.stderr)
-        elif addresses:
-            print(f"kimipd {operation}: {', '.join(addresses)} out; the state holds nothing of "
-                  "them", file=sys.stderr)
-        argv = self._argv(operation, *extra, *[arg for urn in urns for arg in ("--exclude", urn)])
-        code = subprocess.run(argv, cwd=self.cwd, check=False).returncode
-        if code != 0 or operation != "up" or not urns:
-            return code
-        # Children before parents: a parent with a child still in the state is refused.
-        self._capture("state", "delete", *reversed(urns), "--yes", "--force")
-        print(f"kimipd up: {len(urns)} resources of {', '.join(addresses)} dropped from the "
-              "state, none contacted", file=sys.stderr)
+        self._announce(addresses, urns, "preview")
+        self.engine.stack.preview(exclude=urns or None, diff=diff,
+                                  on_output=lambda line: self._say(line))
         return 0
+
+    def up(self, diff: bool, yes: bool, message: str | None = None) -> int:
+        addresses, urns = self.excluded()
+        self._announce(addresses, urns, "up")
+        stack = self.engine.stack
+        if not yes:
+            stack.preview(exclude=urns or None, diff=diff, on_output=lambda line: self._say(line))
+            if self.confirm("Do you want to perform this update? [yes/no] ").strip() != "yes":
+                self._say("kimipd up: not confirmed; nothing changed")
+                return 1
+        try:
+            stack.up(exclude=urns or None, diff=diff, message=message,
+                     on_output=lambda line: self._say(line))
+        except auto.CommandError as error:
+            self._say(f"kimipd up: the update failed; {len(urns)} resources of the nodes out "
+                      f"stay in the state: {str(error).strip().splitlines()[-1][:300]}")
+            return 1
+        if urns:
+            # Children before parents: a parent with a child still in the state is refused.
+            stack._run_pulumi_cmd_sync(  # noqa: SLF001 - `pulumi state delete`: no API for it
+                ["state", "delete", *reversed(urns), "--yes", "--force"])
+            self._say(f"kimipd up: {len(urns)} resources of {', '.join(addresses)} dropped from "
+                      "the state, none contacted")
+        return 0
+
+    def _announce(self, addresses: list[str], urns: list[str], operation: str) -> None:
+        if urns:
+            self._say(f"kimipd {operation}: {', '.join(addresses)} out: {len(urns)} resources "
+                      f"there are left out of this {operation} and not contacted"
+                      + ("; dropped from the state once it converges" if operation == "up"
+                         else ""))
+        elif addresses:
+            self._say(f"kimipd {operation}: {', '.join(addresses)} out; the state holds nothing "
+                      "of them")
