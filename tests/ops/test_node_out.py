@@ -4,9 +4,13 @@ config's out nodes; reconcile's failure lines from engine events."""
 
 from __future__ import annotations
 
+import io
+import json
+
 from pulumi import automation as auto
 
-from ops.node_out import out_addresses, preview_deletes, resources_on, state_resources
+from ops.node_out import (OutUpdate, out_addresses, preview_deletes, resources_on,
+                          state_resources)
 from ops.reconcile import failure_summary
 from ops.stack_engine import failures_from_events
 
@@ -89,3 +93,66 @@ def test_a_failed_heal_names_each_failing_resource_and_its_error_lines() -> None
     assert failure_summary(failures, "") == ("decode-a-drain: router-members: decode-a (decode) "
                                              "not drained after 300s: no other decode group")
     assert failure_summary([], "Outputs:\n  x: 1\nerror: update failed\n") == "error: update failed"
+
+
+class FakeStack:
+    """What OutUpdate asks of an Automation API stack, answered from the state above."""
+
+    def __init__(self, config_out: bool = True, fail_up: bool = False) -> None:
+        nodes = [{"address": "10.231.60.7"}, {"address": "10.231.60.8", "out": config_out}]
+        self.config = {"kimipd:nodes": auto.ConfigValue(value=json.dumps(nodes))}
+        self.fail_up = fail_up
+        self.calls: list[tuple[str, object]] = []
+
+    def get_all_config(self) -> dict:
+        return self.config
+
+    def export_stack(self) -> auto.Deployment:
+        return auto.Deployment(version=3, deployment=STATE["deployment"])
+
+    def preview(self, on_event=None, exclude=None, diff=False, on_output=None) -> None:
+        self.calls.append(("preview", exclude))
+        for urn in (NODE8, GROUP, GROUP + "-r0"):
+            if on_event is not None:
+                on_event(auto.EngineEvent(sequence=1, timestamp=0, resource_pre_event=(
+                    auto.ResourcePreEvent(metadata=auto.StepEventMetadata(
+                        op=auto.OpType.DELETE, urn=urn, type="", provider="")))))
+
+    def up(self, exclude=None, diff=False, message=None, on_output=None) -> None:
+        self.calls.append(("up", exclude))
+        if self.fail_up:
+            raise auto.CommandError(auto.CommandResult("", "error: a gate failed", 1))
+
+    def _run_pulumi_cmd_sync(self, args: list[str]) -> None:
+        self.calls.append(("cli", args))
+
+
+class FakeEngine:
+    def __init__(self, stack: FakeStack) -> None:
+        self.stack = stack
+
+
+def test_up_excludes_the_out_nodes_resources_then_drops_exactly_those() -> None:
+    stack, out = FakeStack(), io.StringIO()
+    assert OutUpdate(FakeEngine(stack), out).up(diff=False, yes=True) == 0  # type: ignore[arg-type]
+    excluded = resources_on(state_resources(STATE), ["10.231.60.8"], {NODE8, GROUP})
+    assert ("up", excluded) in stack.calls
+    cli = [args for name, args in stack.calls if name == "cli"]
+    assert cli == [["state", "delete", *reversed(excluded), "--yes", "--force"]]
+    assert "dropped from the state, none contacted" in out.getvalue()
+
+
+def test_a_failed_up_drops_nothing_and_an_unconfirmed_one_runs_nothing() -> None:
+    failing = FakeStack(fail_up=True)
+    assert OutUpdate(FakeEngine(failing), io.StringIO()).up(False, True) == 1  # type: ignore[arg-type]
+    assert not [call for call in failing.calls if call[0] == "cli"]
+    asked = FakeStack()
+    update = OutUpdate(FakeEngine(asked), io.StringIO(), confirm=lambda _: "no")  # type: ignore[arg-type]
+    assert update.up(False, False) == 1
+    assert [name for name, _ in asked.calls] == ["preview", "preview"]
+
+
+def test_with_no_node_out_it_is_a_plain_up() -> None:
+    stack = FakeStack(config_out=False)
+    assert OutUpdate(FakeEngine(stack), io.StringIO()).up(False, True) == 0  # type: ignore[arg-type]
+    assert stack.calls == [("up", None)]
