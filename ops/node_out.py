@@ -35,7 +35,7 @@ class StateResource:
     @classmethod
     def from_export(cls, entry: Mapping[str, Any]) -> StateResource:
         inputs = entry.get("inputs") or {}
-        connection = inputs.get("connection")
+        connection = _revealed(inputs.get("connection"))
         host = connection.get("host") if isinstance(connection, Mapping) else None
         docker_host = inputs.get("host") if entry.get("type") == DOCKER_PROVIDER else None
         provider = entry.get("provider")
@@ -43,6 +43,22 @@ class StateResource:
                    provider=provider.rsplit("::", 1)[0] if provider else None,
                    host=host if isinstance(host, str) else None,
                    docker_host=docker_host if isinstance(docker_host, str) else None)
+
+
+# How a secret value reads in `pulumi stack export --show-secrets` (the Automation API's
+# export): the signature key, and the value as JSON text under "plaintext".
+SECRET_SIGNATURE = ("4dabf18193072939515e22adc6aa4ad2", "1b47061264138c4ac30d75fd1bc6632f")
+
+
+def _revealed(value: Any) -> Any:
+    """A connection is secret as a whole (its private key is): only its host is kept here."""
+    if isinstance(value, Mapping) and value.get(SECRET_SIGNATURE[0]) == SECRET_SIGNATURE[1]:
+        try:
+            plain = json.loads(value.get("plaintext") or "null")
+        except ValueError:
+            return None
+        return {"host": plain.get("host")} if isinstance(plain, Mapping) else None
+    return value
 
 
 def state_resources(export: Mapping[str, Any]) -> list[StateResource]:

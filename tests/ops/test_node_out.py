@@ -45,6 +45,11 @@ STATE = {"deployment": {"resources": [
     entry(GROUP + "-r1", "docker:index/container:Container", GROUP, PROVIDER8),
     entry(P + "router-x", "command:remote:Command", CLUSTER,
           connection={"host": "10.231.60.5"}),
+    # With a private key the whole connection is a secret (the Automation API's export shows
+    # it as the signature and the JSON text).
+    entry(NODE8 + "-image-env", "command:remote:Command", NODE8, connection={
+        "4dabf18193072939515e22adc6aa4ad2": "1b47061264138c4ac30d75fd1bc6632f",
+        "plaintext": '{"host": "10.231.60.8", "privateKey": "not-a-real-key"}'}),
     entry(P + "other", "command:remote:Command", CLUSTER,
           connection={"host": "10.231.60.80"}),
 ]}}
@@ -52,7 +57,9 @@ STATE = {"deployment": {"resources": [
 
 def test_the_resources_on_a_node_are_its_commands_its_docker_provider_and_what_it_serves() -> None:
     on = resources_on(state_resources(STATE), ["10.231.60.8"])
-    assert on == [NODE8 + "-preflight", PROVIDER8, NODE8 + "-image", GROUP + "-r1"]
+    assert on == [NODE8 + "-preflight", PROVIDER8, NODE8 + "-image", GROUP + "-r1",
+                  NODE8 + "-image-env"]
+    assert "not-a-real-key" not in repr(state_resources(STATE)), "the key is not kept"
 
 
 def test_a_component_the_update_deletes_goes_with_them_one_it_keeps_does_not() -> None:
