@@ -234,14 +234,19 @@ def wait_for(predicate, seconds: float, what: str, every: float = 0.5) -> float:
     raise AssertionError(f"not within {seconds:.0f}s: {what}")
 
 
-def test_every_decode_group_killed_heals_with_no_person(
-        stack: auto.Stack, sim: SimCluster, project: Project, tmp_path: Path) -> None:
-    # The preview test above left changes unapplied, which reconcile would rightly refuse;
-    # run alone (-k), this module has not applied the rollout tests' values yet.
+def ensure_applied(stack: auto.Stack, sim: SimCluster, project: Project) -> None:
+    """The stack file as the rollout tests left the stack: the preview test above leaves
+    changes unapplied (which reconcile would rightly refuse); run alone (-k), the module has
+    not applied the rollout tests' values yet."""
     project.write_stack("door", applied_values(sim))
     steps = stack.preview().change_summary
     if steps.get("same", 0) != sum(steps.values()):
         stack.up(on_output=print)
+
+
+def test_every_decode_group_killed_heals_with_no_person(
+        stack: auto.Stack, sim: SimCluster, project: Project, tmp_path: Path) -> None:
+    ensure_applied(stack, sim, project)
     log = tmp_path / "reconcile.jsonl"
     watcher = subprocess.Popen(
         [str(REPO / "scripts" / "kimipd"), "-s", "door", "--cwd", str(project.directory),
@@ -290,6 +295,7 @@ def test_every_decode_group_killed_heals_with_no_person(
 
 def test_a_lost_node_goes_out_without_a_connection_and_comes_back_failing_nothing(
         stack: auto.Stack, sim: SimCluster, project: Project) -> None:
+    ensure_applied(stack, sim, project)
     set_link(LOST, up=False)
     try:
         # The router's checks see decode-b's rank 0 gone before the load starts: what fails
