@@ -173,6 +173,17 @@ def rank0_refuses(url: str) -> bool:
         return False
 
 
+def rank0_answers(url: str) -> bool:
+    """Whether the group's rank 0 answers HTTP at all (any status: a keyed server says 401)."""
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=3):
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
 def serving_nowhere(live: list[tuple[Router, list[dict]]], url: str) -> str | None:
     """Why the group at URL serves no request now (so draining it costs nothing), or None."""
     if rank0_refuses(url):
@@ -566,10 +577,16 @@ def slot_admit(args, routers: list[Router], state: State) -> int:
                 else []
             status, _ = router.call("GET", "/readiness")
             workers = router.workers() or []
-            missing = [url for url in expected
-                       if not any(w.get("is_healthy") for w in registered(workers, url))]
+            unhealthy = [url for url in expected
+                         if not any(w.get("is_healthy") for w in registered(workers, url))]
+            # A group whose rank 0 does not answer at all (dead, its node lost) serves in no
+            # slot: waiting for it would hold this slot out of the door for nothing.
+            missing = [url for url in unhealthy if rank0_answers(url)]
+            gone = sorted(set(unhealthy) - set(missing))
             said = (None if status == 200 and not missing
                     else f"/readiness {status}; not healthy: {', '.join(missing) or 'none'}")
+            if said is None and gone:
+                log(f"{me}: not waiting for {', '.join(gone)}: rank 0 does not answer")
         if said is None:
             break
         if elapsed >= args.timeout:

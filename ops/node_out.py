@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from pulumi import automation as auto
+from pulumi.runtime import rpc
 
 from .stack_engine import StackEngine
 
@@ -46,8 +47,9 @@ class StateResource:
 
 
 # How a secret value reads in `pulumi stack export --show-secrets` (the Automation API's
-# export): the signature key, and the value as JSON text under "plaintext".
-SECRET_SIGNATURE = ("4dabf18193072939515e22adc6aa4ad2", "1b47061264138c4ac30d75fd1bc6632f")
+# export): the SDK's signature key and secret signature, the value as JSON text under
+# "plaintext".
+SECRET_SIGNATURE = (rpc._special_sig_key, rpc._special_secret_sig)  # noqa: SLF001
 
 
 def _revealed(value: Any) -> Any:

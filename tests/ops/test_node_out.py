@@ -48,7 +48,7 @@ STATE = {"deployment": {"resources": [
     # With a private key the whole connection is a secret (the Automation API's export shows
     # it as the signature and the JSON text).
     entry(NODE8 + "-image-env", "command:remote:Command", NODE8, connection={
-        "4dabf18193072939515e22adc6aa4ad2": "1b47061264138c4ac30d75fd1bc6632f",
+        "4dabf18193072939515e22adb298388d": "1b47061264138c4ac30d75fd1eb44270",
         "plaintext": '{"host": "10.231.60.8", "privateKey": "not-a-real-key"}'}),
     entry(P + "other", "command:remote:Command", CLUSTER,
           connection={"host": "10.231.60.80"}),
