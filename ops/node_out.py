@@ -122,51 +122,68 @@ class OutUpdate:
                  confirm: Callable[[str], str] = input) -> None:
         self.engine, self.out, self.confirm = engine, out, confirm
 
-    def excluded(self) -> tuple[list[str], list[str]]:
-        """(out node addresses, the URNs of the state's resources on them)."""
+    def excluded(self) -> tuple[list[str], list[str], set[str]]:
+        """(out node addresses, the URNs of the state's resources on them, every URN the
+        update deletes)."""
         stack = self.engine.stack
         addresses = out_addresses({key: {"value": value.value}
                                    for key, value in stack.get_all_config().items()})
         if not addresses:
-            return [], []
+            return [], [], set()
         resources = state_resources({"deployment": stack.export_stack().deployment or {}})
         if not resources_on(resources, addresses):
-            return addresses, []
+            return addresses, [], set()
         # A dry run: no provider is called, no node dialled; it says which components go.
         steps: list[dict[str, str]] = []
-        stack.preview(on_event=lambda event: steps.append(
+        stack.preview(show_secrets=False, on_event=lambda event: steps.append(
             {"op": auto.OpType(event.resource_pre_event.metadata.op).value,
              "urn": event.resource_pre_event.metadata.urn})
             if event.resource_pre_event is not None else None)
-        return addresses, resources_on(resources, addresses, preview_deletes(steps))
+        deleted = preview_deletes(steps)
+        return addresses, resources_on(resources, addresses, deleted), deleted
 
     def _say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
 
     def preview(self, diff: bool) -> int:
-        addresses, urns = self.excluded()
+        addresses, urns, _ = self.excluded()
         self._announce(addresses, urns, "preview")
-        self.engine.stack.preview(exclude=urns or None, diff=diff,
+        self.engine.stack.preview(exclude=urns or None, diff=diff, show_secrets=False,
                                   on_output=lambda line: self._say(line))
         return 0
 
     def up(self, diff: bool, yes: bool, message: str | None = None) -> int:
-        addresses, urns = self.excluded()
+        addresses, urns, deleted = self.excluded()
         self._announce(addresses, urns, "up")
         stack = self.engine.stack
         if not yes:
-            stack.preview(exclude=urns or None, diff=diff, on_output=lambda line: self._say(line))
+            stack.preview(exclude=urns or None, diff=diff, show_secrets=False,
+                          on_output=lambda line: self._say(line))
             if self.confirm("Do you want to perform this update? [yes/no] ").strip() != "yes":
                 self._say("kimipd up: not confirmed; nothing changed")
                 return 1
         try:
-            stack.up(exclude=urns or None, diff=diff, message=message,
+            stack.up(exclude=urns or None, diff=diff, message=message, show_secrets=False,
                      on_output=lambda line: self._say(line))
         except auto.CommandError as error:
             self._say(f"kimipd up: the update failed; {len(urns)} resources of the nodes out "
                       f"stay in the state: {str(error).strip().splitlines()[-1][:300]}")
             return 1
         if urns:
+            # The engine keeps what depends on an excluded resource (a leaving group's ranks on
+            # nodes that stay depend on its rank 0): those are deleted for real, by a destroy
+            # of exactly them, before the out node's resources leave the state.
+            kept = {r.urn for r in state_resources(
+                {"deployment": stack.export_stack().deployment or {}})}
+            left = [urn for urn in sorted(deleted) if urn in kept and urn not in urns]
+            if left:
+                try:
+                    stack.destroy(target=left, message=message, show_secrets=False,
+                                  on_output=lambda line: self._say(line))
+                except auto.CommandError as error:
+                    self._say(f"kimipd up: deleting what the leaving groups left on the nodes "
+                              f"that stay failed: {str(error).strip().splitlines()[-1][:300]}")
+                    return 1
             # Children before parents: a parent with a child still in the state is refused.
             stack._run_pulumi_cmd_sync(  # noqa: SLF001 - `pulumi state delete`: no API for it
                 ["state", "delete", *reversed(urns), "--yes", "--force"])

@@ -117,7 +117,9 @@ class FakeStack:
     def export_stack(self) -> auto.Deployment:
         return auto.Deployment(version=3, deployment=STATE["deployment"])
 
-    def preview(self, on_event=None, exclude=None, diff=False, on_output=None) -> None:
+    def preview(self, on_event=None, exclude=None, diff=False, on_output=None,
+                show_secrets=True) -> None:
+        assert not show_secrets
         self.calls.append(("preview", exclude))
         for urn in (NODE8, GROUP, GROUP + "-r0"):
             if on_event is not None:
@@ -125,13 +127,19 @@ class FakeStack:
                     auto.ResourcePreEvent(metadata=auto.StepEventMetadata(
                         op=auto.OpType.DELETE, urn=urn, type="", provider="")))))
 
-    def up(self, exclude=None, diff=False, message=None, on_output=None) -> None:
+    def up(self, exclude=None, diff=False, message=None, on_output=None,
+           show_secrets=True) -> None:
+        assert not show_secrets
         self.calls.append(("up", exclude))
         if self.fail_up:
             raise auto.CommandError(auto.CommandResult("", "error: a gate failed", 1))
 
     def _run_pulumi_cmd_sync(self, args: list[str]) -> None:
         self.calls.append(("cli", args))
+
+    def destroy(self, target=None, message=None, on_output=None, show_secrets=True) -> None:
+        assert not show_secrets
+        self.calls.append(("destroy", target))
 
 
 class FakeEngine:
@@ -144,6 +152,11 @@ def test_up_excludes_the_out_nodes_resources_then_drops_exactly_those() -> None:
     assert OutUpdate(FakeEngine(stack), out).up(diff=False, yes=True) == 0  # type: ignore[arg-type]
     excluded = resources_on(state_resources(STATE), ["10.231.60.8"], {NODE8, GROUP})
     assert ("up", excluded) in stack.calls
+    # The engine kept the group's rank on a node that stays (it depends on an excluded one):
+    # destroyed for real, before the state delete.
+    assert ("destroy", [GROUP + "-r0"]) in stack.calls
+    assert [name for name, _ in stack.calls].index("destroy") < \
+        [name for name, _ in stack.calls].index("cli")
     cli = [args for name, args in stack.calls if name == "cli"]
     assert cli == [["state", "delete", *reversed(excluded), "--yes", "--force"]]
     assert "dropped from the state, none contacted" in out.getvalue()
