@@ -135,7 +135,7 @@ class OutUpdate:
             return addresses, [], set()
         # A dry run: no provider is called, no node dialled; it says which components go.
         steps: list[dict[str, str]] = []
-        stack.preview(show_secrets=False, on_event=lambda event: steps.append(
+        stack.preview(on_event=lambda event: steps.append(
             {"op": auto.OpType(event.resource_pre_event.metadata.op).value,
              "urn": event.resource_pre_event.metadata.urn})
             if event.resource_pre_event is not None else None)
@@ -148,7 +148,7 @@ class OutUpdate:
     def preview(self, diff: bool) -> int:
         addresses, urns, _ = self.excluded()
         self._announce(addresses, urns, "preview")
-        self.engine.stack.preview(exclude=urns or None, diff=diff, show_secrets=False,
+        self.engine.stack.preview(exclude=urns or None, diff=diff,
                                   on_output=lambda line: self._say(line))
         return 0
 
@@ -157,7 +157,7 @@ class OutUpdate:
         self._announce(addresses, urns, "up")
         stack = self.engine.stack
         if not yes:
-            stack.preview(exclude=urns or None, diff=diff, show_secrets=False,
+            stack.preview(exclude=urns or None, diff=diff,
                           on_output=lambda line: self._say(line))
             if self.confirm("Do you want to perform this update? [yes/no] ").strip() != "yes":
                 self._say("kimipd up: not confirmed; nothing changed")

@@ -117,9 +117,7 @@ class FakeStack:
     def export_stack(self) -> auto.Deployment:
         return auto.Deployment(version=3, deployment=STATE["deployment"])
 
-    def preview(self, on_event=None, exclude=None, diff=False, on_output=None,
-                show_secrets=True) -> None:
-        assert not show_secrets
+    def preview(self, on_event=None, exclude=None, diff=False, on_output=None) -> None:
         self.calls.append(("preview", exclude))
         for urn in (NODE8, GROUP, GROUP + "-r0"):
             if on_event is not None:
