@@ -32,6 +32,7 @@ class StateResource:
     provider: str | None
     host: str | None  # a remote command's connection host
     docker_host: str | None  # a docker provider's ssh:// host
+    dependencies: tuple[str, ...] = ()
 
     @classmethod
     def from_export(cls, entry: Mapping[str, Any]) -> StateResource:
@@ -43,7 +44,8 @@ class StateResource:
         return cls(urn=entry["urn"], type=entry.get("type", ""), parent=entry.get("parent"),
                    provider=provider.rsplit("::", 1)[0] if provider else None,
                    host=host if isinstance(host, str) else None,
-                   docker_host=docker_host if isinstance(docker_host, str) else None)
+                   docker_host=docker_host if isinstance(docker_host, str) else None,
+                   dependencies=tuple(entry.get("dependencies") or ()))
 
 
 # How a secret value reads in `pulumi stack export --show-secrets` (the Automation API's
@@ -95,6 +97,18 @@ def resources_on(resources: Iterable[StateResource], addresses: Iterable[str],
             on_node.add(parent)
             parent = by_urn[parent].parent
     return [r.urn for r in resources if r.urn in on_node]
+
+
+def dependents_of(resources: Iterable[StateResource], urns: Iterable[str]) -> set[str]:
+    """Every resource that depends on one of URNS, transitively (URNS themselves excluded)."""
+    resources = list(resources)
+    found: set[str] = set()
+    frontier = set(urns)
+    while frontier:
+        frontier = {r.urn for r in resources
+                    if r.urn not in found and frontier & set(r.dependencies)}
+        found |= frontier
+    return found - set(urns)
 
 
 def out_addresses(config: Mapping[str, Any]) -> list[str]:
@@ -170,12 +184,15 @@ class OutUpdate:
                       f"stay in the state: {str(error).strip().splitlines()[-1][:300]}")
             return 1
         if urns:
-            # The engine keeps what depends on an excluded resource (a leaving group's ranks on
-            # nodes that stay depend on its rank 0): those are deleted for real, by a destroy
-            # of exactly them, before the out node's resources leave the state.
-            kept = {r.urn for r in state_resources(
-                {"deployment": stack.export_stack().deployment or {}})}
-            left = [urn for urn in sorted(deleted) if urn in kept and urn not in urns]
+            # The engine keeps what an excluded resource depends on: a leaving group's rank on
+            # a node that stays, which the gate check of its rank 0 (on the node out) depends
+            # on. So the out node's resources that depend on such leftovers leave the state
+            # first, then the leftovers are destroyed for real (on nodes that answer), then the
+            # rest of the out node's resources leave the state.
+            after = state_resources({"deployment": stack.export_stack().deployment or {}})
+            left = [r.urn for r in after if r.urn in deleted and r.urn not in urns]
+            first = dependents_of(after, left) & set(urns)
+            self._state_delete([urn for urn in urns if urn in first])
             if left:
                 try:
                     stack.destroy(target=left, message=message, show_secrets=False,
@@ -184,12 +201,17 @@ class OutUpdate:
                     self._say(f"kimipd up: deleting what the leaving groups left on the nodes "
                               f"that stay failed: {str(error).strip().splitlines()[-1][:300]}")
                     return 1
-            # Children before parents: a parent with a child still in the state is refused.
-            stack._run_pulumi_cmd_sync(  # noqa: SLF001 - `pulumi state delete`: no API for it
-                ["state", "delete", *reversed(urns), "--yes", "--force"])
+            self._state_delete([urn for urn in urns if urn not in first])
             self._say(f"kimipd up: {len(urns)} resources of {', '.join(addresses)} dropped from "
                       "the state, none contacted")
         return 0
+
+    def _state_delete(self, urns: list[str]) -> None:
+        """`pulumi state delete`, children before parents (a parent with a child still in the
+        state is refused); it contacts nothing."""
+        if urns:
+            self.engine.stack._run_pulumi_cmd_sync(  # noqa: SLF001 - no API for it
+                ["state", "delete", *reversed(urns), "--yes", "--force"])
 
     def _announce(self, addresses: list[str], urns: list[str], operation: str) -> None:
         if urns:

@@ -43,6 +43,9 @@ STATE = {"deployment": {"resources": [
     entry(GROUP + "-r0", "docker:index/container:Container", GROUP,
           P + "pulumi:providers:docker::node-10-231-60-7-docker"),
     entry(GROUP + "-r1", "docker:index/container:Container", GROUP, PROVIDER8),
+    # Rank 1's gate check on the node out depends on rank 0's container, on a node that stays.
+    {**entry(GROUP + "-r1-health", "command:remote:Command", GROUP,
+             connection={"host": "10.231.60.8"}), "dependencies": [GROUP + "-r0"]},
     entry(P + "router-x", "command:remote:Command", CLUSTER,
           connection={"host": "10.231.60.5"}),
     # With a private key the whole connection is a secret (the Automation API's export shows
@@ -58,7 +61,7 @@ STATE = {"deployment": {"resources": [
 def test_the_resources_on_a_node_are_its_commands_its_docker_provider_and_what_it_serves() -> None:
     on = resources_on(state_resources(STATE), ["10.231.60.8"])
     assert on == [NODE8 + "-preflight", PROVIDER8, NODE8 + "-image", GROUP + "-r1",
-                  NODE8 + "-image-env"]
+                  GROUP + "-r1-health", NODE8 + "-image-env"]
     assert "not-a-real-key" not in repr(state_resources(STATE)), "the key is not kept"
 
 
@@ -153,10 +156,15 @@ def test_up_excludes_the_out_nodes_resources_then_drops_exactly_those() -> None:
     # The engine kept the group's rank on a node that stays (it depends on an excluded one):
     # destroyed for real, before the state delete.
     assert ("destroy", [GROUP + "-r0"]) in stack.calls
-    assert [name for name, _ in stack.calls].index("destroy") < \
-        [name for name, _ in stack.calls].index("cli")
+
     cli = [args for name, args in stack.calls if name == "cli"]
-    assert cli == [["state", "delete", *reversed(excluded), "--yes", "--force"]]
+    # What depends on the leftover leaves the state first, then the leftover is destroyed,
+    # then the rest leaves.
+    names = [name for name, _ in stack.calls]
+    assert names[-3:] == ["cli", "destroy", "cli"], names
+    assert cli[0] == ["state", "delete", GROUP + "-r1-health", "--yes", "--force"]
+    rest = [urn for urn in excluded if urn != GROUP + "-r1-health"]
+    assert cli[1] == ["state", "delete", *reversed(rest), "--yes", "--force"]
     assert "dropped from the state, none contacted" in out.getvalue()
 
 
