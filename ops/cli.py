@@ -24,6 +24,7 @@ from . import verify as verify_command
 from .arguments import common as _common, positive as _positive
 from .node_out import OutUpdate
 from .stack_engine import StackEngine
+from .heal_policy import Memory
 from .reconcile import default_state_file, load_memory
 from .probe import VIA_CHOICES, Prober
 from .remote import RemoteError, SshTransport, Transport
@@ -179,12 +180,16 @@ def run_engine(args: argparse.Namespace) -> int:
         return DOWN
 
 
-def reconcile_lost_since(stack: str) -> dict[str, float]:
-    """When reconcile first found each node lost (its state file), if it runs here."""
+def reconcile_memory(stack: str) -> Memory | None:
+    """What reconcile remembers of STACK (its state file), if it runs on this host: when it
+    first found each node lost, and its last failed heal."""
+    path = default_state_file(stack)
+    if not path.exists():
+        return None
     try:
-        return load_memory(default_state_file(stack)).lost_since
+        return load_memory(path)
     except StackError:
-        return {}
+        return None
 
 
 def console() -> Console:
@@ -204,8 +209,12 @@ def run_status(args: argparse.Namespace, stack: Stack, transport: Transport) -> 
         report = status_command.collect(stack.topology, transport, prober, args.timeout,
                                         args.generate_timeout, stack.router_api_key,
                                         stack.router_kind)
-        if report.lost:
-            status_command.note_lost_since(report, reconcile_lost_since(stack.topology.stack))
+        memory = reconcile_memory(stack.topology.stack)
+        if report.lost and memory is not None:
+            status_command.note_lost_since(report, memory.lost_since)
+        if memory is not None and memory.last_failure:
+            report.notes.append(f"reconcile: the last heal failed: {memory.last_failure} "
+                                "(its log line has the error lines; scripts/kimipd logs)")
         return report
 
     if not args.watch:

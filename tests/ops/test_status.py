@@ -83,6 +83,26 @@ def test_table_and_json_through_the_cli(cluster: LoopbackCluster, tmp_path, caps
     assert decode1["health"]["via"] == "direct" and decode1["health"]["status"] == 200
 
 
+def test_status_says_what_reconcile_last_failed_and_since_when_a_node_is_lost(
+        cluster: LoopbackCluster, tmp_path, capsys, monkeypatch) -> None:
+    outputs, config = tmp_path / "outputs.json", tmp_path / "config.json"
+    outputs.write_text(json.dumps(cluster.outputs()))
+    config.write_text("{}")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    memory = tmp_path / "state" / "kimipd" / "reconcile-loopback.json"
+    memory.parent.mkdir(parents=True)
+    memory.write_text(json.dumps({"units": {}, "last_failure": "decode-drain: not drained",
+                                  "lost_since": {"127.0.0.4": 1_800_000_000.0}}))
+    nodes = LocalNodes(cluster.containers(), unreachable={"127.0.0.4"})
+    argv = ["-s", "loopback", "--outputs-json", str(outputs), "--config-json", str(config)]
+    assert main(argv + ["status", "--json"], transport_factory=lambda access: nodes) == DEGRADED
+    document = json.loads(capsys.readouterr().out)
+    assert "reconcile: the last heal failed: decode-drain: not drained" in " ".join(
+        document["notes"])
+    assert document["lostNodes"][0]["node"] == "127.0.0.4"
+    assert document["lostNodes"][0]["since"] == "2027-01-15T08:00:00+00:00"
+
+
 def test_watch_refreshes_until_interrupted(cluster: LoopbackCluster, tmp_path, capsys,
                                           monkeypatch) -> None:
     outputs, config = tmp_path / "outputs.json", tmp_path / "config.json"
