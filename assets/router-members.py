@@ -185,11 +185,15 @@ def rank0_answers(url: str) -> bool:
 
 
 def serving_nowhere(live: list[tuple[Router, list[dict]]], url: str) -> str | None:
-    """Why the group at URL serves no request now (so draining it costs nothing), or None."""
+    """Why the group at URL serves no request now and will not by itself (so draining it
+    costs nothing), or None. A live group a new router has not yet found healthy still counts
+    as serving: it will within a health check, and the lease must keep one of its mode."""
     if rank0_refuses(url):
         return "its rank 0 is not running"
-    if not any(w.get("is_healthy") for _, workers in live for w in registered(workers, url)):
-        return f"not registered and healthy in any of {routers_said(len(live))}"
+    if not any(w.get("is_healthy") for _, workers in live for w in registered(workers, url)) \
+            and not rank0_answers(url):
+        return (f"not healthy in any of {routers_said(len(live))} and its rank 0 does not "
+                "answer")
     return None
 
 
