@@ -20,7 +20,6 @@ from pulumi.runtime import rpc
 
 from .stack_engine import StackEngine
 
-COMPONENT_TYPES_PREFIX = "kimipd:"
 DOCKER_PROVIDER = "pulumi:providers:docker"
 
 
@@ -114,10 +113,8 @@ def dependents_of(resources: Iterable[StateResource], urns: Iterable[str]) -> se
 def out_addresses(config: Mapping[str, Any]) -> list[str]:
     """The nodes the stack's config takes out (`pulumi config --json`'s shape: key -> value,
     a structured one as JSON text)."""
-    entry = config.get("kimipd:nodes") or {}
-    value = entry.get("objectValue")
-    if value is None and isinstance(entry.get("value"), str):
-        value = json.loads(entry["value"])
+    text = (config.get("kimipd:nodes") or {}).get("value")
+    value = json.loads(text) if isinstance(text, str) else None
     return [node["address"] for node in value or []
             if isinstance(node, Mapping) and node.get("out") in (True, "true")]
 
