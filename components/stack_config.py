@@ -121,14 +121,18 @@ def router_api_key(cfg: ClusterConfig) -> pulumi.Output[str] | None:
     remove workers."""
     if cfg.router.kind != "rust":
         return None
-    key = pulumi.Config(CONFIG_NAMESPACE).get_secret(ROUTER_API_KEY)
+    return _required_secret(
+        ROUTER_API_KEY, "router.kind 'rust' serves a worker API (add, remove workers) and "
+        "/generate to whoever reaches router.port, and every SGLang server requires the same key: "
+        f"set one, `openssl rand -hex 32 | pulumi config set --secret {ROUTER_API_KEY}` (clients "
+        "then send `Authorization: Bearer KEY`).")
+
+
+def _required_secret(name: str, why_and_fix: str) -> pulumi.Output[str]:
+    """The secret NAME; unset, a ConfigError saying why the stack needs it and how to set it."""
+    key = pulumi.Config(CONFIG_NAMESPACE).get_secret(name)
     if key is None:
-        raise ConfigError(
-            f"invalid kimipd secrets:\n  {ROUTER_API_KEY}: not set, and router.kind 'rust' "
-            "serves a worker API (add, remove workers) and /generate to whoever reaches "
-            "router.port, and every SGLang server requires the same key: set one, `openssl "
-            f"rand -hex 32 | pulumi config set --secret {ROUTER_API_KEY}` (clients then send "
-            "`Authorization: Bearer KEY`).")
+        raise ConfigError(f"invalid kimipd secrets:\n  {name}: not set, and {why_and_fix}")
     return key
 
 
@@ -140,11 +144,7 @@ def door_tls_key(cfg: ClusterConfig) -> pulumi.Output[str] | None:
     door = cfg.router.door
     if door is None or door.tls is None:
         return None
-    key = pulumi.Config(CONFIG_NAMESPACE).get_secret(DOOR_TLS_KEY)
-    if key is None:
-        raise ConfigError(
-            f"invalid kimipd secrets:\n  {DOOR_TLS_KEY}: not set, and router.door.tls names a "
-            "certificate the door cannot serve without its key: set it, `pulumi config set "
-            f"--secret {DOOR_TLS_KEY} < door.key` (PEM), or remove router.door.tls to serve "
-            "plain HTTP.")
-    return key
+    return _required_secret(
+        DOOR_TLS_KEY, "router.door.tls names a certificate the door cannot serve without its key: "
+        f"set it, `pulumi config set --secret {DOOR_TLS_KEY} < door.key` (PEM), or remove "
+        "router.door.tls to serve plain HTTP.")

@@ -2,7 +2,8 @@
 
 Stack YAML (`kimipd:*` keys) -> `ClusterConfig`. Everything below this package reads the model,
 never `pulumi.Config`. Where to look:
-- `schema.py`: the sections of a stack file (NodeSpec, GroupSpec, RouterSpec, ...);
+- `schema.py`: the sections of a stack file (NodeSpec, GroupSpec, ...), `router_schema.py` the
+  router's and the door's (RouterSpec, DoorSpec);
   `cluster_config.py`: ClusterConfig, which holds them, and its derived views;
 - `rules/`: every check across fields, one module per family: `runbook.py` (the runbook's hard
   rules), `topology.py` (nodes, groups, GPUs), `ports.py`, `files.py` (node files, mounts, the

@@ -8,13 +8,14 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from .base import Model
-from .grammars import image_reference_problem
+from .grammars import checked_image_reference
 from .rules import RULES
 from .rules.ports import PortBinding
 from .rules.runbook import MOONCAKE_VERSION
+from .router_schema import SLOT_NAMES, RouterSpec
 from .schema import (ConnectionSpec, ContainerSpec, FirewallSpec, GatesSpec, GroupSpec, MetricsSpec,
                      ModelSpec, MooncakeMasterSpec, NetworkSpec, NodeFileSpec, NodeSpec,
-                     PreflightSpec, RouterSpec, SmokeTestSpec, VerificationSpec, SLOT_NAMES)
+                     PreflightSpec, SmokeTestSpec, VerificationSpec)
 
 
 class ClusterConfig(Model):
@@ -77,12 +78,8 @@ class ClusterConfig(Model):
     @classmethod
     def _image_reference(cls, value: str) -> str:
         # Caught here rather than by `docker pull` on every node once their preparation started.
-        problem = image_reference_problem(value)
-        if problem is not None:
-            raise ValueError(f"{value!r} {problem}, so docker cannot pull it; write "
-                             "[REGISTRY[:PORT]/]REPOSITORY[:TAG][@sha256:DIGEST] in lower case, "
-                             "e.g. lmsysorg/sglang:kimi-k3")
-        return value
+        return checked_image_reference(value, "[REGISTRY[:PORT]/]REPOSITORY[:TAG][@sha256:DIGEST]"
+                                              " in lower case, e.g. lmsysorg/sglang:kimi-k3")
 
     # -- derived views (no component re-derives these) ------------------------------------
 

@@ -71,6 +71,14 @@ def image_reference_problem(value: str) -> str | None:
     return None
 
 
+def checked_image_reference(value: str, form: str) -> str:
+    """VALUE, or the validation error naming why docker would refuse it and the FORM to write."""
+    problem = image_reference_problem(value)
+    if problem is not None:
+        raise ValueError(f"{value!r} {problem}, so docker cannot pull it; write {form}")
+    return value
+
+
 # docker's `--ulimit` names (docker/go-units ulimit.go).
 ULIMIT_NAMES = ("core", "cpu", "data", "fsize", "locks", "memlock", "msgqueue", "nice", "nofile",
                 "nproc", "rss", "rtprio", "rttime", "sigpending", "stack")

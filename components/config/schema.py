@@ -1,4 +1,5 @@
-"""The sections of a stack file, one pydantic model each (ClusterConfig holds them all)."""
+"""The sections of a stack file, one pydantic model each (ClusterConfig holds them all); the
+router's and the door's are router_schema.py's."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pydantic import Field, field_validator
 
 from .base import Model
 from .grammars import (CAPABILITIES, ULIMIT_NAMES, absolute_path, did_you_mean,
-                       host_key_problem, image_reference_problem)
+                       host_key_problem)
 
 
 class NodeSpec(Model):
@@ -95,103 +96,6 @@ class GroupSpec(Model):
     @property
     def rank0(self) -> str:
         return self.nodes[0]
-
-
-RouterPolicy = Literal["random", "round_robin", "cache_aware", "power_of_two"]
-
-SLOT_NAMES = ("a", "b")
-
-
-class RouterSlotSpec(Model):
-    """One of the two routers behind the door: its own port and its own metrics port."""
-
-    port: int = Field(ge=1, le=65535)
-    # rust only: the slot's Prometheus metrics (smg_*).
-    metrics_port: int = Field(ge=1, le=65535)
-
-
-class DoorTlsSpec(Model):
-    """HTTPS at the door. The key is the secret kimipd:doorTlsKey, never in the stack file."""
-
-    # PEM: the server certificate, then its chain; it must name the router's node address.
-    certificate: str
-    # PEM the program's own clients (smoke test, verify, bench) verify the door against; unset:
-    # the system's trust store.
-    ca_certificate: str | None = None
-
-    @field_validator("certificate", "ca_certificate")
-    @classmethod
-    def _pem(cls, value: str | None) -> str | None:
-        if value is not None and "-----BEGIN CERTIFICATE-----" not in value:
-            raise ValueError(f"{value[:40]!r}... is not a PEM certificate; paste the file's text "
-                             "(-----BEGIN CERTIFICATE----- ...), e.g. with `pulumi config set "
-                             "--path router.door.tls.certificate \"$(cat door.crt)\"`")
-        return value
-
-
-class DoorSpec(Model):
-    """HAProxy on the router's node owns router.port in front of two router slots, so a router
-    replaced or dead costs no request (docs/door.md)."""
-
-    # Debian 12's haproxy package in an image, pinned by digest (`sim/sim build-door-image`
-    # builds one; docs/door.md says how to build yours).
-    image: str
-    # HAProxy's own Prometheus exporter (GET /metrics).
-    metrics_port: int = Field(default=29100, ge=1, le=65535)
-    # How often the door asks each slot's /readiness (/health for MiniLB); two answers in a row
-    # change its state.
-    health_check_interval_ms: int = Field(default=500, ge=100, le=60000)
-    slots: list[RouterSlotSpec] = Field(
-        default=[RouterSlotSpec(port=31001, metrics_port=29001),
-                 RouterSlotSpec(port=31002, metrics_port=29002)],
-        min_length=2, max_length=2)
-    tls: DoorTlsSpec | None = None
-
-    @field_validator("image")
-    @classmethod
-    def _pinned(cls, value: str) -> str:
-        problem = image_reference_problem(value)
-        if problem is not None:
-            raise ValueError(f"{value!r} {problem}; write REPOSITORY@sha256:DIGEST, e.g. the "
-                             "ref `sim/sim build-door-image` prints")
-        return value
-
-    def slot_named(self) -> dict[str, RouterSlotSpec]:
-        return dict(zip(SLOT_NAMES, self.slots, strict=True))
-
-
-class RouterSpec(Model):
-    node: str
-    # `mini-lb`: SGLang's MiniLB (a fixed worker list, random choice, no retries, no health
-    # checks, no worker API). `rust`: sglang-router's own router, whose worker API lets the
-    # program drain a group before it is replaced and admit it once its gate passes.
-    kind: Literal["mini-lb", "rust"] = "mini-lb"
-    policy: RouterPolicy = "random"
-    # rust only; unset: `policy`. Decode round_robin: a retry after a dead decode goes to the
-    # next group, where random or cache_aware may pick the dead one again (docs/decisions.md).
-    prefill_policy: RouterPolicy | None = None
-    decode_policy: RouterPolicy | None = None
-    host: str = "0.0.0.0"
-    port: int = Field(default=31000, ge=1, le=65535)
-    # rust only: Prometheus metrics (smg_*) on this port of the router's node.
-    metrics_port: int = Field(default=29000, ge=1, le=65535)
-    # rust only: the longest a request may take end to end. The router's default (1800 s) lets a
-    # hung prefill or decode leg hold a client for half an hour.
-    request_timeout_seconds: int = Field(default=600, ge=1)
-    # rust only: attempts per request (the first included); each re-picks a prefill/decode pair.
-    retry_max_retries: int = Field(default=3, ge=1)
-    # rust only: how fast a dead worker stops being picked (the router's defaults, every 60 s and
-    # 3 failures, take 2-3 minutes).
-    health_check_interval_seconds: int = Field(default=5, ge=1)
-    health_failure_threshold: int = Field(default=2, ge=1)
-    # rust only: how long a drain waits for a removed group's in-flight requests to finish
-    # before its containers are replaced anyway; also the router's own shutdown grace when it
-    # is replaced.
-    drain_timeout_seconds: int = Field(default=600, ge=0)
-    extra_args: list[str] = []
-    # Unset: one router on router.port. Set: the door owns router.port and two router slots
-    # serve behind it (router.metricsPort is then unused: each slot has its own).
-    door: DoorSpec | None = None
 
 
 class MooncakeMasterSpec(Model):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..config import ClusterConfig
-from ..config.schema import SLOT_NAMES, DoorSpec
+from ..config.router_schema import SLOT_NAMES, DoorSpec
 from .container_plan import ContainerPlan, container_plan
 from .layout import container_name, router_state_dir, shell
 

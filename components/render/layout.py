@@ -18,8 +18,10 @@ SMOKE_TEST_SCRIPT = f"{NODE_ASSET_DIR}/smoke-test.sh"
 # preflight.sh is not among them: it runs from stdin before anything is written to the node.
 ROUTER_LAUNCH_SCRIPT = f"{NODE_ASSET_DIR}/router-launch.py"
 ROUTER_MEMBERS_SCRIPT = f"{NODE_ASSET_DIR}/router-members.py"
+DOOR_SLOTS_SCRIPT = f"{NODE_ASSET_DIR}/door-slots.py"
 NODE_SCRIPTS = ("launch.sh", "mooncake-check.py", "wait-healthy.sh", "smoke-test.sh",
-                "prepare-image.sh", "router-launch.py", "router-members.py")
+                "prepare-image.sh", "router-launch.py", "router_api.py", "router-members.py",
+                "door-slots.py")
 PREPARE_IMAGE_SCRIPT = f"{NODE_ASSET_DIR}/prepare-image.sh"
 
 MOONCAKE_MASTER = "mooncake-master"

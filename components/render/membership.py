@@ -1,8 +1,8 @@
 """The rust router's membership: each group admitted once its gate passes, drained before it goes.
 
-Every command runs on the router's node (router-members.py), where the worker API answers on
-loopback and the rollout's leases live. Three commands per group, because they live and die at
-different times (docs/decisions.md):
+Every command runs on the router's node (router-members.py; the door's slots: door-slots.py),
+where the worker API answers on loopback and the rollout's leases live. Three commands per
+group, because they live and die at different times (docs/decisions.md):
 - want: "this group should serve" (a marker file). Kept while the group is in the config, so a
   drain can tell a replacement (come back, keep the others serving) from a removal.
 - drain: replaced whenever the group's containers are; its delete, which runs before they go,
@@ -18,22 +18,22 @@ restartGeneration) rolls the groups behind a router that serves.
 from __future__ import annotations
 
 from ..config import ClusterConfig
-from ..config.schema import SLOT_NAMES
+from ..config.router_schema import SLOT_NAMES
 from .door import door_admin_socket
-from .layout import ROUTER_MEMBERS_SCRIPT, router_state_dir, shell
+from .layout import DOOR_SLOTS_SCRIPT, ROUTER_MEMBERS_SCRIPT, router_state_dir, shell
 from .router import router_api_key_file, router_loopback_url, router_slots
 from .sglang import group_endpoint
 
 
 def _members(cfg: ClusterConfig, action: str, *args: str, timeout: int | None = None,
-             slots: list[str | None] | None = None) -> str:
-    """router-members.py ACTION on the router's node; SLOTS: the routers it talks to (every
-    one unless said)."""
+             slots: list[str | None] | None = None, script: str = ROUTER_MEMBERS_SCRIPT) -> str:
+    """router-members.py (or door-slots.py) ACTION on the router's node; SLOTS: the routers it
+    talks to (every one unless said)."""
     routers: list[str] = []
     for slot in router_slots(cfg) if slots is None else slots:
         routers += ["--router", router_loopback_url(cfg, slot)]
     key = ["--api-key-file", router_api_key_file(cfg)] if cfg.router.kind == "rust" else []
-    return shell(["python3", ROUTER_MEMBERS_SCRIPT, action, *routers, *key,
+    return shell(["python3", script, action, *routers, *key,
                   "--state-dir", router_state_dir(cfg),
                   "--timeout", str(cfg.gates.timeout_seconds if timeout is None else timeout),
                   "--interval", f"{cfg.gates.interval_seconds:g}",
@@ -78,11 +78,11 @@ def restore_command(cfg: ClusterConfig, slot: str | None = None) -> str:
 
 
 def slot_want_command(cfg: ClusterConfig, slot: str) -> str:
-    return _members(cfg, "slot-want", "--slot", slot, slots=[])
+    return _members(cfg, "want", "--slot", slot, slots=[], script=DOOR_SLOTS_SCRIPT)
 
 
 def slot_unwant_command(cfg: ClusterConfig, slot: str) -> str:
-    return _members(cfg, "slot-unwant", "--slot", slot, slots=[])
+    return _members(cfg, "unwant", "--slot", slot, slots=[], script=DOOR_SLOTS_SCRIPT)
 
 
 def slot_drain_command(cfg: ClusterConfig, slot: str) -> str:
@@ -90,17 +90,18 @@ def slot_drain_command(cfg: ClusterConfig, slot: str) -> str:
     door, then drain at the door until its open requests end. Bounded by the gate timeout per
     wait: the other slot's replacement has failed its gate by then."""
     other = next(name for name in SLOT_NAMES if name != slot)
-    return _members(cfg, "slot-drain", "--slot", slot, "--other", other,
+    return _members(cfg, "drain", "--slot", slot, "--other", other,
                     "--door-socket", door_admin_socket(cfg),
-                    "--drain-timeout", str(cfg.router.drain_timeout_seconds), slots=[])
+                    "--drain-timeout", str(cfg.router.drain_timeout_seconds), slots=[],
+                    script=DOOR_SLOTS_SCRIPT)
 
 
 def slot_admit_command(cfg: ClusterConfig, slot: str) -> str:
     """Slot SLOT's new router: every group registered and healthy in it (rust), /readiness, then
     ready at the door until the door's own check sees it up; gives the slot lease back."""
     kind = ["--mini-lb"] if cfg.router.kind == "mini-lb" else []
-    return _members(cfg, "slot-admit", "--slot", slot, "--door-socket", door_admin_socket(cfg),
-                    *kind, slots=[slot])
+    return _members(cfg, "admit", "--slot", slot, "--door-socket", door_admin_socket(cfg),
+                    *kind, slots=[slot], script=DOOR_SLOTS_SCRIPT)
 
 
 def router_ready_command(cfg: ClusterConfig) -> str:

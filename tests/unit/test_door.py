@@ -116,11 +116,12 @@ def test_tls_serves_https_and_the_smoke_test_verifies_it(pro6000: dict) -> None:
     assert "not a PEM certificate" in str(refused.value)
 
 
-def test_router_members_parses_the_doors_show_stat() -> None:
+def test_door_slots_parses_the_doors_show_stat() -> None:
     """The runtime API's `show stat` CSV (HAProxy 2.6.12, as the door image's answered)."""
-    script = REPO / "assets" / "router-members.py"
+    script = REPO / "assets" / "door-slots.py"
     code = (
         "import importlib.util, sys\n"
+        f"sys.path.insert(0, {str(script.parent)!r})\n"
         f"spec = importlib.util.spec_from_file_location('members', {str(script)!r})\n"
         "members = importlib.util.module_from_spec(spec); spec.loader.exec_module(members)\n"
         "door = members.Door('/nonexistent')\n"
