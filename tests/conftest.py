@@ -44,3 +44,22 @@ def _simulated_cluster_down_at_the_end():
     from tests.integration.sim import stop_sim_at_session_end
 
     stop_sim_at_session_end()
+
+
+# Wall time per test module (setup, calls and teardown, module fixtures included), printed at
+# the end of the run: where the full run's minutes go (docs/tests.md keeps the figures).
+_module_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    module = report.nodeid.split("::", 1)[0]
+    _module_seconds[module] = _module_seconds.get(module, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not _module_seconds:
+        return
+    terminalreporter.section("wall time per module")
+    for module, seconds in sorted(_module_seconds.items(), key=lambda item: -item[1]):
+        terminalreporter.write_line(f"{seconds:8.1f} s  {module}")
+    terminalreporter.write_line(f"{sum(_module_seconds.values()):8.1f} s  in all")
