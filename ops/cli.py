@@ -280,7 +280,8 @@ def run_logs(args: argparse.Namespace, stack: Stack, transport: Transport) -> in
 def run_verify(args: argparse.Namespace, stack: Stack, transport: Transport) -> int:
     report = verify_command.run(stack.topology, stack.verification, transport,
                                 timeout=args.timeout, via=args.via, seed=args.seed,
-                                only=args.only, api_key=stack.router_api_key)
+                                only=args.only, api_key=stack.router_api_key,
+                                tls=status_command.door_tls(stack))
     if args.json:
         print(json.dumps(report.as_json(), indent=2))
     else:

@@ -207,13 +207,16 @@ STATUS_MARK = "KIMIPD-HTTP"
 
 def curl_command(method: str, url: str, timeout: float, with_body: bool = False,
                  stream: bool = False, header_file: str | None = None,
-                 insecure: bool = False) -> str:
+                 insecure: bool = False, ca_file: str | None = None) -> str:
     """curl on the node: the body on stdout, then a last line `KIMIPD-HTTP <code> <seconds>`.
-    INSECURE: an https:// URL's certificate is not verified (-k)."""
+    INSECURE: an https:// URL's certificate is not verified (-k); CA_FILE: verified against
+    that file on the node (the door's ca.pem)."""
     argv = ["curl", "-sS", "--noproxy", "*", "--max-time", f"{timeout:g}", "-X", method,
             "-w", f"\\n{STATUS_MARK} %{{http_code}} %{{time_total}}\\n"]
     if insecure:
         argv.append("--insecure")
+    elif ca_file is not None:
+        argv += ["--cacert", ca_file]
     if stream:
         argv.append("-N")
     if with_body:

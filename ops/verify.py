@@ -28,10 +28,10 @@ from rich.table import Table
 from rich.text import Text
 
 from components.config import VerificationSpec
-from components.render import router_auth_header_file
+from components.render import door_ca_file, router_auth_header_file
 
 from . import DEGRADED, DOWN, OK
-from .probe import curl_command, direct_client, parse_curl
+from .probe import Tls, curl_command, direct_client, parse_curl
 from .remote import RemoteError, Transport
 from .stack import Topology
 
@@ -157,11 +157,12 @@ def request_body(shape: Request, rng: random.Random) -> dict[str, Any]:
 
 
 def _direct(url: str, body: dict, timeout: float, measurement: Measurement,
-            api_key: str | None = None) -> bool:
-    """Streams the answer from here; False when the router's port cannot be reached at all."""
+            api_key: str | None = None, tls: Tls | None = None) -> bool:
+    """Streams the answer from here; False when the router's port cannot be reached at all.
+    TLS: how the door's certificate is checked (its private CA), else the system's store."""
     timer = StreamTimer()
     measurement.via = "direct"
-    client = direct_client(timeout)
+    client = direct_client(timeout, tls.context if tls is not None else True)
     started = time.perf_counter()
     try:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -184,13 +185,14 @@ def _direct(url: str, body: dict, timeout: float, measurement: Measurement,
 
 
 def _over_ssh(transport: Transport, node: str, url: str, body: dict, timeout: float,
-              measurement: Measurement, header_file: str | None = None) -> None:
+              measurement: Measurement, header_file: str | None = None,
+              ca_file: str | None = None) -> None:
     """curl -N on the router's node; chunks are timed as they arrive here (the SSH hop adds
     its latency to the first token, not to the decode rate)."""
     timer = StreamTimer()
     measurement.via = "ssh"
     command = curl_command("POST", url, timeout, with_body=True, stream=True,
-                           header_file=header_file)
+                           header_file=header_file, ca_file=ca_file)
     started = time.perf_counter()
     try:
         result = transport.run(node, command, timeout=timeout + 10,
@@ -269,7 +271,10 @@ class VerifyReport:
 
 def run(topology: Topology, spec: VerificationSpec, transport: Transport | None,
         timeout: float = 600.0, via: str = "auto", seed: int | None = None,
-        only: list[str] | None = None, api_key: str | None = None) -> VerifyReport:
+        only: list[str] | None = None, api_key: str | None = None,
+        tls: Tls | None = None) -> VerifyReport:
+    """TLS: the door's certificate check (ops/status.door_tls), for an https:// generateUrl; over
+    SSH, curl checks it against the door's ca.pem on the router's node."""
     seed = int(time.time()) if seed is None else seed
     shapes = [s for s in spec.baseline if not only or s.name in only]
     url = topology.generate_url
@@ -287,13 +292,15 @@ def run(topology: Topology, spec: VerificationSpec, transport: Transport | None,
         body = request_body(shape, rng)
         reachable = True
         if via in ("auto", "direct"):
-            reachable = _direct(url, body, timeout, measurement, api_key)
+            reachable = _direct(url, body, timeout, measurement, api_key, tls)
         if (via == "ssh" or (via == "auto" and not reachable)) and transport and router:
             measurement.error = None
             # On the router's node the key is read from its file there (rust router).
-            header_file = (router_auth_header_file(urlsplit(url).port or 80) if api_key
-                           else None)
-            _over_ssh(transport, router.node, url, body, timeout, measurement, header_file)
+            port = urlsplit(url).port or 80
+            header_file = router_auth_header_file(port) if api_key else None
+            ca_file = door_ca_file(port) if url.startswith("https://") else None
+            _over_ssh(transport, router.node, url, body, timeout, measurement, header_file,
+                      ca_file)
         measurement.problems = judge(measurement, spec.tolerance)
         measurements.append(measurement)
         if not measurement.reached and measurement is measurements[0]:

@@ -35,9 +35,9 @@ def slot_server(slot: str) -> str:
     return f"slot-{slot}"
 
 
-def door_dir(cfg: ClusterConfig) -> str:
+def door_dir(cfg: ClusterConfig | int) -> str:
     """The door's own directory on the router's node, the only one it mounts (read-write: the
-    admin socket lives there)."""
+    admin socket lives there). CFG or router.port."""
     return f"{router_state_dir(cfg)}/door"
 
 
@@ -58,8 +58,9 @@ def door_tls_file(cfg: ClusterConfig) -> str:
     return f"{door_dir(cfg)}/tls.pem"
 
 
-def door_ca_file(cfg: ClusterConfig) -> str:
-    """What the program's own clients on the node (the smoke test) verify the door against."""
+def door_ca_file(cfg: ClusterConfig | int) -> str:
+    """What the program's own clients on the node (the smoke test, verify over SSH) verify the
+    door against. CFG or router.port."""
     return f"{door_dir(cfg)}/ca.pem"
 
 

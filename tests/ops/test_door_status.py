@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from components.config import VerificationSpec
 from ops import DEGRADED, DOWN, OK
 from ops.cli import main
 from ops.door import RUNTIME_API_SCRIPT, RuntimeApiError, parse_show_stat, serving_at_door
@@ -18,6 +19,7 @@ from ops.probe import Prober, tls_check
 from ops.remote import RemoteResult
 from ops.stack import Topology
 from ops.status import collect, render
+from ops.verify import run as verify_run
 from tests.ops.door_fakes import KEY, ROUTER_NODE, DoorStack, show_stat
 
 pytestmark = pytest.mark.timeout(120)
@@ -250,6 +252,40 @@ def test_tls_door_is_verified_against_the_configured_ca(tmp_path: Path, capsys) 
         assert (f"door {stack.door_url} (TLS, not verified (router.door.tls is not in the "
                 "config at hand))") in shown
         assert "groups in slots: MiniLB" in shown
+    finally:
+        stack.stop()
+
+
+def test_verify_reaches_a_door_behind_a_private_ca(tmp_path: Path, capsys) -> None:
+    """`kimipd verify` checks the door's certificate as status does: against caCertificate
+    from the config (the fake door answers /generate with one JSON body, not a stream, so the
+    measurement itself is not judged here, only that the request got through TLS)."""
+    stack = DoorStack(tmp_path, tls=True)
+    try:
+        assert stack.ca is not None
+        spec = VerificationSpec(baseline=[{"name": "warmup", "inputTokens": 6,
+                                           "outputTokens": 16}])
+        topology = Topology.from_outputs("door", stack.outputs())
+        verified = verify_run(topology, spec, transport=None, tls=tls_check(stack.ca, None))
+        assert verified.measurements[0].status == 200, verified.as_json()
+        assert verified.measurements[0].via == "direct"
+        # The system's store alone refuses the private CA; verify says so, not "unreachable".
+        refused = verify_run(topology, spec, transport=None)
+        assert "certificate verify failed" in (refused.measurements[0].error or "")
+        assert refused.measurements[0].status is None
+        # Through the CLI: the CA comes from the stack's config.
+        outputs, config = tmp_path / "outputs.json", tmp_path / "config.json"
+        outputs.write_text(json.dumps(stack.outputs()))
+        config.write_text(json.dumps({
+            "kimipd:router": {"value": "", "secret": False, "objectValue": {
+                "node": ROUTER_NODE, "kind": "rust",
+                "door": {"tls": {"certificate": "x", "caCertificate": stack.ca}}}},
+            "kimipd:verification": {"value": "", "secret": False, "objectValue": {
+                "baseline": [{"name": "warmup", "inputTokens": 6, "outputTokens": 16}]}}}))
+        main(["-s", "door", "--outputs-json", str(outputs), "--config-json", str(config),
+              "verify", "--json", "--via", "direct"], transport_factory=lambda access: stack.nodes())
+        document = json.loads(capsys.readouterr().out)
+        assert document["requests"][0]["status"] == 200, document
     finally:
         stack.stop()
 
