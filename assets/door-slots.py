@@ -27,7 +27,7 @@ import time
 sys.dont_write_bytecode = True
 from router_api import (  # noqa: E402
     Door, Router, State, common_arguments, fail, log, rank0_answers, register_missing,
-    wait_until)
+    wait_idle, wait_until)
 
 SLOT_LEASE = "slot"
 
@@ -83,18 +83,16 @@ def slot_drain(args, state: State) -> int:
             last_said, said_at = waiting_for, elapsed
         time.sleep(args.interval)
     # Open requests (streams included) finish through the slot; the door sends it nothing new.
-    deadline = time.monotonic() + args.drain_timeout
-    while True:
+    def open_requests() -> int:
         row = (door.servers() or {}).get(me, {})
-        current = int(row.get("scur") or 0) + int(row.get("qcur") or 0)
-        if current == 0:
-            log(f"{me}: drained at the door (no open request)")
-            return 0
-        if time.monotonic() >= deadline:
-            log(f"{me}: {current} request(s) still open after {args.drain_timeout}s "
-                "(router.drainTimeoutSeconds); replacing it anyway")
-            return 0
-        time.sleep(min(args.interval, 0.5))
+        return int(row.get("scur") or 0) + int(row.get("qcur") or 0)
+
+    wait_idle(open_requests, args.drain_timeout, min(args.interval, 0.5),
+              lambda _: f"{me}: drained at the door (no open request)",
+              lambda current: f"{me}: {current} request(s) still open after "
+                              f"{args.drain_timeout}s (router.drainTimeoutSeconds); replacing "
+                              "it anyway")
+    return 0
 
 
 def slot_admit(args, router: Router, state: State) -> int:

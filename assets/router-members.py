@@ -47,7 +47,7 @@ import urllib.request
 sys.dont_write_bytecode = True
 from router_api import (  # noqa: E402
     Router, State, common_arguments, fail, log, rank0_answers, rank0_refuses, register,
-    register_missing, registered, routers_said, wait_until)
+    register_missing, registered, routers_said, wait_idle, wait_until)
 
 
 def healthy_peers(workers: list[dict], mode: str, url: str) -> list[str]:
@@ -176,17 +176,13 @@ def drain(args, routers: list[Router], state: State) -> int:
         time.sleep(args.interval)
     # In-flight requests: the routers send nothing new, the worker finishes what it has.
     key = routers[0].key
-    deadline = time.monotonic() + args.drain_timeout
-    while True:
-        running = running_requests(url, key)
-        if not running:
-            log(f"{group}: drained ({'no requests running' if running == 0 else 'not answering'})")
-            return 0
-        if time.monotonic() >= deadline:
-            log(f"{group}: {running} request(s) still running after {args.drain_timeout}s "
-                "(router.drainTimeoutSeconds); replacing it anyway")
-            return 0
-        time.sleep(min(args.interval, 1.0))
+    wait_idle(lambda: running_requests(url, key), args.drain_timeout, min(args.interval, 1.0),
+              lambda running: f"{group}: drained "
+                              f"({'no requests running' if running == 0 else 'not answering'})",
+              lambda running: f"{group}: {running} request(s) still running after "
+                              f"{args.drain_timeout}s (router.drainTimeoutSeconds); replacing "
+                              "it anyway")
+    return 0
 
 
 

@@ -44,6 +44,21 @@ def wait_until(problem, timeout: float, interval: float, failure, say=None) -> f
         time.sleep(interval)
 
 
+def wait_idle(count, drain_timeout: float, interval: float, idle, still_open) -> None:
+    """Poll COUNT() (open requests; 0 or None: none) until it is none, then log IDLE(count);
+    after DRAIN_TIMEOUT log STILL_OPEN(count) and return anyway (the replacement goes on)."""
+    deadline = time.monotonic() + drain_timeout
+    while True:
+        current = count()
+        if not current:
+            log(idle(current))
+            return
+        if time.monotonic() >= deadline:
+            log(still_open(current))
+            return
+        time.sleep(interval)
+
+
 class Router:
     def __init__(self, url: str, key_file: str | None) -> None:
         self.url = url.rstrip("/")
