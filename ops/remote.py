@@ -28,6 +28,11 @@ class RemoteError(Exception):
     """A node could not run a command (unreachable, host key refused, timed out)."""
 
 
+class CommandTimeout(RemoteError):
+    """SSH answered and ran the command, which did not finish in time: the node is there but
+    slow (a docker engine busy starting containers), not lost."""
+
+
 @dataclass(frozen=True)
 class RemoteResult:
     node: str
@@ -201,7 +206,7 @@ class SshTransport:
                         and not channel.recv_stderr_ready()):
                     break
                 if time.monotonic() > deadline:
-                    raise RemoteError(f"ssh {node}: `{_short(command)}` did not finish within "
+                    raise CommandTimeout(f"ssh {node}: `{_short(command)}` did not finish within "
                                       f"{timeout:g}s")
                 if not busy:
                     time.sleep(0.005)

@@ -24,7 +24,7 @@ from rich.text import Text
 from . import DEGRADED, DOWN, OK
 from .door import DoorProbes, DoorReport, serving_at_door
 from .probe import HttpAnswer, Prober, Tls, tls_check
-from .remote import RemoteError, Transport
+from .remote import CommandTimeout, RemoteError, Transport
 from .stack import ContainerRef, Stack, Topology
 
 GENERATION_LABEL = "kimipd.restart-generation"
@@ -189,12 +189,24 @@ def duration(seconds: float | None) -> str:
     return f"{secs}s"
 
 
+# A docker inspect that timed out on a node whose SSH answered is tried once more, this many
+# times longer.
+SLOW_ENGINE_FACTOR = 3
+
+
 def inspect_node(transport: Transport, node: str, names: list[str],
                  timeout: float) -> dict[str, Docker]:
     """`docker inspect` of this node's containers in one command; a missing one is "absent"."""
     command = shlex.join(["docker", "inspect", "--type", "container", *names])
     try:
-        result = transport.run(node, command, timeout=timeout)
+        try:
+            result = transport.run(node, command, timeout=timeout)
+        except CommandTimeout:
+            # SSH answered: a docker engine busy starting containers can take longer than a
+            # probe's timeout, so one more try with a longer one before calling it unknown.
+            result = transport.run(node, command, timeout=SLOW_ENGINE_FACTOR * timeout)
+    except CommandTimeout as error:
+        return {name: Docker("unknown", error="docker: " + str(error)) for name in names}
     except RemoteError as error:
         return {name: Docker("unknown", error=str(error)) for name in names}
     try:

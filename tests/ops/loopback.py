@@ -24,7 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable
 
-from ops.remote import RemoteError, RemoteResult
+from ops.remote import CommandTimeout, RemoteError, RemoteResult
 from tests.conftest import REPO
 
 STANDIN_DIR = REPO / "sim" / "standin"
@@ -256,11 +256,13 @@ def stop_cluster(cluster: LoopbackCluster) -> None:
 class LocalNodes:
     """Transport whose nodes run commands in a local shell; `docker inspect` is answered from
     the processes standing for the containers. `unreachable` nodes fail like a refused SSH
-    connection; `black_holes` wait out the timeout, as a node that never answers."""
+    connection; `black_holes` wait out the timeout, as a node that never answers. On a node of
+    `slow_engines` the first `docker inspect` outlasts its timeout, as a busy docker engine's."""
 
     def __init__(self, containers: dict[tuple[str, str], Proc | None], generation: str = "0",
                  unreachable: set[str] | None = None, black_holes: set[str] | None = None,
-                 without_firewall: set[str] | None = None):
+                 without_firewall: set[str] | None = None,
+                 slow_engines: set[str] | None = None):
         self.containers = containers
         # `nft list table ...` answers as on a node whose table is gone (nothing runs here:
         # this machine's own firewall is never read or touched).
@@ -268,6 +270,7 @@ class LocalNodes:
         self.generation = generation
         self.unreachable = unreachable or set()
         self.black_holes = black_holes or set()
+        self.slow_engines = set(slow_engines or ())
         self.commands: list[tuple[str, str]] = []
         self._lock = threading.Lock()
 
@@ -310,6 +313,11 @@ class LocalNodes:
                 return RemoteResult(node, command, 1, b"", b"Error: No such file or directory\n")
             return RemoteResult(node, command, 0, b"", b"")
         if argv[:2] == ["docker", "inspect"]:
+            if node in self.slow_engines:
+                self.slow_engines.discard(node)
+                time.sleep(timeout)
+                raise CommandTimeout(f"ssh {node}: `docker inspect` did not finish within "
+                                     f"{timeout:g}s")
             return self._inspect(node, [a for a in argv[2:] if not a.startswith("-")
                                         and a != "container"])
         popen = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE,

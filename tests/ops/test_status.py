@@ -238,6 +238,17 @@ def test_a_dead_node_costs_its_own_rows_not_the_table(cluster: LoopbackCluster) 
     assert report.as_json()["lostNodes"][0]["runs"] == ["decode-r1"]
 
 
+def test_a_busy_docker_engine_is_asked_again_not_called_lost(cluster: LoopbackCluster) -> None:
+    # SSH answers and the first `docker inspect` outlasts the probe's timeout (an engine busy
+    # starting containers): status asks once more with a longer timeout and the row is served.
+    nodes = LocalNodes(cluster.containers(), slow_engines={"127.0.0.4"})
+    report = status(cluster, nodes, timeout=1.0)
+    inspections = [command for node, command in nodes.commands
+                   if node == "127.0.0.4" and command.startswith("docker inspect")]
+    assert len(inspections) == 2, nodes.commands
+    assert (report.exit_code, report.verdict, report.lost) == (OK, "serving", [])
+
+
 def test_a_node_whose_firewall_table_is_gone_is_degraded_and_says_how_to_put_it_back(
         cluster: LoopbackCluster) -> None:
     outputs = cluster.outputs() | {"firewall": {"enabled": True, "table": "inet kimipd_31000"}}
