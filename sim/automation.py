@@ -37,6 +37,9 @@ def sim_exports() -> dict[str, str]:
     return {key: value for key, value in exported.items() if key.startswith("KIMIPD_SIM_")}
 
 
+ENGINE_PARALLEL = "32"
+
+
 def engine_env() -> dict[str, str]:
     """PATH/PULUMI_HOME/PULUMI_BIN for the CLI that scripts/install-pulumi installed.
 
@@ -53,7 +56,9 @@ def engine_env() -> dict[str, str]:
     env = sourced_env(f". {env_file} && export PULUMI_BIN=$(command -v pulumi)")
     keys = ("PATH", "PULUMI_HOME", "PULUMI_SKIP_UPDATE_CHECK",
             "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION", "PULUMI_BIN")
-    return {key: env[key] for key in keys if key in env}
+    # The CLI's default --parallel is 4 x cores (8 here); gates, drains and admissions hold a
+    # slot while they wait, so the tests' ups run wider (docs/decisions.md).
+    return {key: env[key] for key in keys if key in env} | {"PULUMI_PARALLEL": ENGINE_PARALLEL}
 
 
 @contextmanager
