@@ -7,6 +7,7 @@ import shlex
 import signal
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,9 +77,11 @@ class SimCluster:
         return self.ssh(node, shlex.join(["docker", *args]), timeout=timeout)
 
     def remove_kimipd_containers(self, nodes: list[str]) -> None:
-        for node in nodes:
-            self.ssh(node, "ids=$(docker ps -aq --filter label=kimipd.role); "
-                           '[ -z "$ids" ] || docker rm -f $ids >/dev/null')
+        """Every node at once."""
+        with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
+            list(pool.map(lambda node: self.ssh(
+                node, "ids=$(docker ps -aq --filter label=kimipd.role); "
+                      '[ -z "$ids" ] || docker rm -f $ids >/dev/null'), nodes))
 
 
 # Whether this pytest session brought the sim up: it then brings it down at the end (the

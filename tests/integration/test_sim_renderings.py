@@ -14,6 +14,7 @@ import copy
 import json
 import shlex
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -74,27 +75,35 @@ class Deployment:
 
     def prepare_nodes(self, nodes: list[str] | None = None, check_build: bool = True) -> None:
         """What NodeAssets, RemoteImage and the prepared image do: dirs, scripts, node files,
-        the image, and (installNodeFiles: image) the node's prepared image."""
+        the image, and (installNodeFiles: image) the node's prepared image; every node at once,
+        as the engine prepares them."""
         digests = verify_node_file_sources(self.config.node_files, Path.cwd())
         files = {f"{NODE_ASSET_DIR}/{s}": ASSETS_DIR / s for s in NODE_SCRIPTS}
         files |= {f.destination: Path(f.source).expanduser() for f in self.config.node_files}
         scripts = {s: (ASSETS_DIR / s).read_text() for s in NODE_SCRIPTS}
-        for node in nodes or self.nodes:
-            self.check(node, self.sim.ssh(node, prepare_dirs_command(self.config)), "dirs")
-            for destination, source in files.items():
-                self.check(node, self.sim.copy(node, source, destination), f"copy {destination}")
-            self.check(node, self.sim.docker(node, "pull", "--quiet", self.sim.image), "pull")
-            if self.config.install_node_files != "image":
-                continue
-            base = self.sim.docker(node, "image", "inspect", "--format", "{{.Id}}",
-                                   self.sim.image).stdout.strip()
-            tag = prepared_image_tag(self.config, base, digests, scripts)
-            build = self.sim.ssh(node, prepare_image_command(
-                self.config, node, base, tag, "sim-renderings", digests))
-            self.builds[node] = build
-            if check_build:
-                self.check(node, build, "prepared image")
-                self.run_images[node] = prepared_image_id(build.stdout)
+        targets = nodes or self.nodes
+        with ThreadPoolExecutor(max_workers=len(targets)) as pool:
+            for done in [pool.submit(self._prepare_node, node, files, digests, scripts,
+                                     check_build) for node in targets]:
+                done.result()  # the first node's failure, raised here
+
+    def _prepare_node(self, node: str, files: dict[str, Path], digests: dict[str, str],
+                      scripts: dict[str, str], check_build: bool) -> None:
+        self.check(node, self.sim.ssh(node, prepare_dirs_command(self.config)), "dirs")
+        for destination, source in files.items():
+            self.check(node, self.sim.copy(node, source, destination), f"copy {destination}")
+        self.check(node, self.sim.docker(node, "pull", "--quiet", self.sim.image), "pull")
+        if self.config.install_node_files != "image":
+            return
+        base = self.sim.docker(node, "image", "inspect", "--format", "{{.Id}}",
+                               self.sim.image).stdout.strip()
+        tag = prepared_image_tag(self.config, base, digests, scripts)
+        build = self.sim.ssh(node, prepare_image_command(
+            self.config, node, base, tag, "sim-renderings", digests))
+        self.builds[node] = build
+        if check_build:
+            self.check(node, build, "prepared image")
+            self.run_images[node] = prepared_image_id(build.stdout)
 
     @staticmethod
     def check(node: str, result, what: str) -> None:
