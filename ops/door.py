@@ -282,7 +282,8 @@ class DoorProbes:
             else:
                 report.at_door = row.get("status") or None
                 report.sessions = _int(row.get("scur"))
-                report.check = row.get("check_status") or None
+                # "* L7OK" while the next check runs: the last result is what it reports.
+                report.check = (row.get("check_status") or "").removeprefix("* ") or None
                 report.since_change = _int(row.get("lastchg"))
         if slot.name in self.workers:
             answer = _result(self.workers[slot.name],

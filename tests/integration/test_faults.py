@@ -188,7 +188,9 @@ def test_up_interrupted_while_a_gate_waits_recovers(stack: auto.Stack, project: 
     (docs/troubleshooting.md)."""
     generation = {"SIGINT": 2, "SIGKILL": 3}[signal_name]
     values = sim_values(sim)
-    values["groups"]["decode"]["env"] = {"SGLANG_STANDIN_LOAD_SECONDS": "20"}
+    # Long enough that the signal lands while decode's gate waits (2 s after it starts), short
+    # because every later `up` of this module loads decode for as long.
+    values["groups"]["decode"]["env"] = {"SGLANG_STANDIN_LOAD_SECONDS": "10"}
     project.update_stack("faults", {"restartGeneration": generation, "groups": values["groups"]})
     up = UpInBackground(stack)
     up.wait_for_step("decode-r0-health")

@@ -125,6 +125,12 @@ def test_a_slot_one_check_short_of_down_still_serves(stack: DoorStack) -> None:
     assert slots(status(stack))["a"].serving
 
 
+def test_a_check_in_progress_shows_the_last_result(stack: DoorStack) -> None:
+    # HAProxy prefixes check_status with "* " while the next check runs.
+    stack.admin.servers["slot-a"] = {"check_status": "* L7OK"}
+    assert slots(status(stack))["a"].check == "L7OK"
+
+
 def test_a_slot_not_ready_is_degraded_even_before_the_door_notices(stack: DoorStack) -> None:
     stack.slots["b"].ready = False
     report = status(stack)
