@@ -27,7 +27,9 @@ class HealthGate(pulumi.ComponentResource):
     own check with its node, container and log tail. For a group that is every rank: rank 0's
     /health (warmed up) and each other rank's dummy /health (its model loaded). Every check is
     triggered by the ids of all the group's containers: a replaced rank re-runs the whole gate,
-    a no-op `up` runs nothing.
+    a no-op `up` runs nothing. Those ids also make it wait for every container (an input that is
+    another resource's output is a dependency), so no depends_on repeats them: the SDK's cycle
+    check walks the graph behind each dependency it is given, once per mention (issue 29).
     """
 
     def __init__(self, name: str, cfg: ClusterConfig, nodes: Mapping[str, Node],
@@ -41,7 +43,7 @@ class HealthGate(pulumi.ComponentResource):
                 connection=nodes[plan.node].connection,
                 create=wait_healthy_command(cfg, plan),
                 triggers=container_ids,
-                opts=pulumi.ResourceOptions(parent=self, depends_on=list(containers)),
+                opts=pulumi.ResourceOptions(parent=self),
             )
             for plan in plans
         ]
@@ -56,8 +58,9 @@ class BootstrapGate(pulumi.ComponentResource):
     bootstrap server exist before decode starts; SGLang 0.5.19 starts it before rank 0 waits for
     the model to load, and decode's own start never dials prefill (its warm-up uses a fake
     bootstrap host), so the two groups load at once. One check on rank 0's node, like the health
-    gates, failing at once if rank 0 stops. It depends on (and is triggered by) every rank of the
-    group, so destroy still removes decode before any prefill rank.
+    gates, failing at once if rank 0 stops. It is triggered by every rank of the group, which
+    makes it depend on each (as HealthGate), so destroy still removes decode before any prefill
+    rank.
     """
 
     def __init__(self, name: str, cfg: ClusterConfig, group_name: str, nodes: Mapping[str, Node],
@@ -70,7 +73,7 @@ class BootstrapGate(pulumi.ComponentResource):
             connection=nodes[group.rank0].connection,
             create=wait_bootstrap_command(cfg, group_name),
             triggers=[container.id for container in containers],
-            opts=pulumi.ResourceOptions(parent=self, depends_on=list(containers)),
+            opts=pulumi.ResourceOptions(parent=self),
         )
         self.checks = [self.check]
         self.url = bootstrap_url(group)

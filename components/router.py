@@ -223,6 +223,8 @@ class Membership(pulumi.ComponentResource):
             create=want_command(cfg, name),
             delete=unwant_command(cfg, name),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.drain]))
+        # The gate's checks are among its triggers, so it waits for them too (HealthGate says
+        # why no depends_on repeats them).
         self.admit = command.remote.Command(
             f"{name}-admit",
             connection=node.connection,
@@ -230,7 +232,7 @@ class Membership(pulumi.ComponentResource):
             triggers=[*[router.container.id for router in routers],
                       *[check.id for check in group.gate.checks]],
             opts=pulumi.ResourceOptions(parent=self, depends_on=[
-                group.gate, self.want, self.drain,
+                self.want, self.drain,
                 *[router.gate for router in routers],
                 *[router.restore for router in routers if router.restore]]))
         self.register_outputs({})
@@ -244,13 +246,14 @@ class RouterReadiness(pulumi.ComponentResource):
                  memberships: Sequence[Membership],
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("kimipd:router:RouterReadiness", "router-readiness", None, opts)
+        # Its triggers are also what it waits for: every router and every admission.
         self.check = command.remote.Command(
             "router-every-group-healthy",
             connection=node.connection,
             create=router_ready_command(cfg),
             triggers=[*[router.container.id for router in routers],
                       *[m.admit.id for m in memberships]],
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[m.admit for m in memberships]))
+            opts=pulumi.ResourceOptions(parent=self))
         self.checks = [self.check]
         self.register_outputs({})
 
@@ -270,6 +273,8 @@ class SmokeTest(pulumi.ComponentResource):
         super().__init__("kimipd:router:SmokeTest", "smoke-test", None, opts)
         # With the door: through it, once both slots are up there.
         at_door: list[pulumi.Resource] = [router.at_door for router in routers if router.at_door]
+        # Every gate's checks are among its triggers, so it waits for them too (HealthGate says
+        # why no depends_on repeats them).
         self.request = command.remote.Command(
             "smoke-test-generate",
             connection=node.connection,
@@ -278,7 +283,7 @@ class SmokeTest(pulumi.ComponentResource):
                       *[check.id for gate in gates for check in gate.checks],
                       *([door.container.id] if door else [])],
             opts=pulumi.ResourceOptions(parent=self, depends_on=[
-                *[router.gate for router in routers], *gates, *at_door]),
+                *[router.gate for router in routers], *at_door]),
         )
         self.text = self.request.stdout.apply(smoke_test_text)
         self.register_outputs({"text": self.text})

@@ -28,13 +28,17 @@ def _by_family(networks: list[str]) -> tuple[list[str], list[str]]:
     network as a prefix."""
     parsed = list(dict.fromkeys(ipaddress.ip_network(network, strict=False)
                                 for network in networks))
+    listed = set(parsed)
+    prefix_lengths: dict[int, set[int]] = {4: set(), 6: set()}
+    for network in parsed:
+        prefix_lengths[network.version].add(network.prefixlen)
     families: tuple[list[str], list[str]] = ([], [])
     for network in parsed:
-        # Same family: address and mask compared as integers (subnet_of wants matching types).
-        if any(other != network and other.version == network.version
-               and int(other.netmask) & int(network.network_address)
-               == int(other.network_address) and other.prefixlen <= network.prefixlen
-               for other in parsed):
+        # Inside another listed network exactly when its supernet at one of the shorter listed
+        # lengths of its family is listed: a lookup per length, not a comparison with every
+        # other network (every node's table lists every member: issue 29).
+        if any(network.supernet(new_prefix=length) in listed
+               for length in prefix_lengths[network.version] if length < network.prefixlen):
             continue
         shown = (str(network.network_address) if network.prefixlen == network.max_prefixlen
                  else str(network))

@@ -61,6 +61,18 @@ def test_monitoring_hosts_reach_the_metrics_ports_of_each_node(pro6000: dict) ->
     assert not [line for line in router_node if "::/0" in line]
 
 
+def test_a_network_inside_another_of_its_family_is_left_out(pro6000: dict) -> None:
+    """nft refuses overlapping intervals in one set: what another listed network holds goes,
+    whatever the order, once per network, each family on its own."""
+    pro6000["firewall"] = {"clientNetworks": [
+        "10.20.0.0/16", "10.0.0.0/8", "10.20.0.0/16", "192.168.1.7", "192.168.1.0/24",
+        "192.168.2.7", "fd00:1::/32", "fd00::/8", "2001:db8::1", "2001:db8::/127"]}
+    door = rules(load_cluster_config(pro6000), "174.1.60.5")
+    assert ("ip saddr { 10.0.0.0/8, 192.168.1.0/24, 192.168.2.7 } tcp dport 31000 accept"
+            in door)
+    assert "ip6 saddr { fd00::/8, 2001:db8::/127 } tcp dport 31000 accept" in door
+
+
 @pytest.mark.skipif(shutil.which("nft") is None, reason="nft (Debian nftables) not installed")
 def test_nft_accepts_every_rendered_table(pro6000: dict) -> None:
     """`nft -c` parses the script as the node's nft would, without touching this machine."""
