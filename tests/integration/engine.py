@@ -13,6 +13,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -29,14 +30,18 @@ DECODE_RANKS = [f"node-10-231-60-{i}-decode" for i in range(5, 9)]
 CONTAINER = "docker:index/container:Container"
 
 
-@pytest.fixture(scope="module")
-def env() -> dict[str, str]:
+def _engine_env() -> dict[str, str]:
     env = engine_env()
     missing = REQUIRED_PLUGINS - installed_plugins(env)
     if missing:
         pytest.skip("resource plugins not installed: " + ", ".join(f"{n} {v}" for n, v in sorted(missing))
                     + " (the Go module proxy serves neither provider; see scripts/install-pulumi)")
     return env
+
+
+@pytest.fixture(scope="module")
+def env() -> dict[str, str]:
+    return _engine_env()
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +90,61 @@ def new_stack(project: Project, sim: SimCluster, name: str, values: dict) -> aut
     stack.set_config("kimipd:sshPrivateKey", auto.ConfigValue(value=key, secret=True))
     stack.set_config("kimipd:routerApiKey", auto.ConfigValue(value=ROUTER_API_KEY, secret=True))
     return stack
+
+
+# The 2P2D stack that test_rollout.py and then test_heal.py use in turn (tests/integration/
+# conftest.py runs them back to back): one fresh `up` and one destroy for both modules.
+SHARED_2P2D = "sim-2p2d"
+SHARED_2P2D_MODULES = ("test_rollout.py", "test_heal.py")
+
+
+def shared_2p2d_values(sim: SimCluster) -> dict:
+    """Pulumi.sim-2p2d.yaml on this sim, with a gate timeout that bounds test_rollout's canary
+    test: a group's drain waits that long for a canary to come back (its delete command, hence
+    the timeout, is the one its group was created with)."""
+    values = sim_values(sim, "sim-2p2d")
+    values["gates"] = values["gates"] | {"timeoutSeconds": 60}
+    return values
+
+
+@dataclass
+class SharedStack:
+    sim: SimCluster
+    project: Project
+    stack: auto.Stack
+
+
+_shared: dict[str, SharedStack] = {}
+
+
+@pytest.fixture(scope="module")
+def shared_2p2d(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[SharedStack]:
+    """The shared 2P2D stack: brought up by the first module that asks for it, kept as that
+    module leaves it (converged, or with whatever a test left dead), destroyed after the last
+    test of the run that asks for it. The nodes' containers are removed before and after, as
+    the `sim` fixture does for a module of its own."""
+    if SHARED_2P2D not in _shared:
+        env = _engine_env()
+        cluster = start_sim()
+        cluster.remove_kimipd_containers(NODES)
+        project = Project(tmp_path_factory.mktemp("kimipd-shared-2p2d"), env)
+        stack = new_stack(project, cluster, SHARED_2P2D, shared_2p2d_values(cluster))
+        try:
+            stack.up()
+        except BaseException:
+            cluster.remove_kimipd_containers(NODES)
+            raise
+        _shared[SHARED_2P2D] = SharedStack(cluster, project, stack)
+    shared = _shared[SHARED_2P2D]
+    yield shared
+    items = request.session.items
+    last_here = max(i for i, item in enumerate(items) if item.module is request.module)
+    if not any("shared_2p2d" in item.fixturenames for item in items[last_here + 1:]):
+        del _shared[SHARED_2P2D]
+        try:
+            shared.stack.destroy()
+        finally:
+            shared.sim.remove_kimipd_containers(NODES)
 
 
 class Events:

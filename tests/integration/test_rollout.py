@@ -2,7 +2,8 @@
 (stack file Pulumi.sim-2p2d.yaml): the worker API refuses a caller without the key; restarting
 one decode group and changing the node files of every group fail no request under bounded load,
 and the router never has zero groups of a mode; a failing canary stops the rollout while the
-groups not yet replaced keep serving. Tests run in file order on one stack."""
+groups not yet replaced keep serving. Tests run in file order on one stack, which test_heal.py
+goes on with."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +20,8 @@ from pulumi import automation as auto
 
 from sim.automation import Project
 from tests.integration.engine import (  # noqa: F401 - fixtures
-    AUTHORIZED, ROUTER, container_ids, env, new_stack, project, sim, sim_values, up_under_load)
+    AUTHORIZED, ROUTER, SHARED_2P2D, SharedStack, container_ids, shared_2p2d, shared_2p2d_values,
+    up_under_load)
 from tests.integration.sim import SimCluster
 
 pytestmark = pytest.mark.timeout(1800)
@@ -92,21 +93,23 @@ class WorkerWatch:
                                            for mode in ("prefill", "decode"))
 
 
-def rollout_values(sim: SimCluster) -> dict:
-    """Pulumi.sim-2p2d.yaml on this sim, with a gate timeout that bounds the canary test: a
-    group's drain waits that long for a canary to come back (its delete command, hence the
-    timeout, is the one its group was created with)."""
-    values = sim_values(sim, "sim-2p2d")
-    values["gates"] = values["gates"] | {"timeoutSeconds": 60}
-    return values
+rollout_values = shared_2p2d_values
+
+
+# The stack test_heal.py goes on with (engine.shared_2p2d): this module leaves it converged.
+@pytest.fixture(scope="module")
+def stack(shared_2p2d: SharedStack) -> auto.Stack:
+    return shared_2p2d.stack
 
 
 @pytest.fixture(scope="module")
-def stack(project: Project, sim: SimCluster) -> Iterator[auto.Stack]:
-    stack = new_stack(project, sim, "rollout", rollout_values(sim))
-    stack.up()
-    yield stack
-    stack.destroy()
+def project(shared_2p2d: SharedStack) -> Project:
+    return shared_2p2d.project
+
+
+@pytest.fixture(scope="module")
+def sim(shared_2p2d: SharedStack) -> SimCluster:
+    return shared_2p2d.sim
 
 
 def test_the_worker_api_and_generate_need_the_key(stack: auto.Stack) -> None:
@@ -133,7 +136,7 @@ def test_restarting_one_decode_group_fails_no_request(stack: auto.Stack, project
     before = container_ids(sim)
     groups = rollout_values(sim)["groups"]
     groups["decode-b"]["restartGeneration"] = 1
-    project.update_stack("rollout", {"groups": groups})
+    project.update_stack(SHARED_2P2D, {"groups": groups})
     with WorkerWatch() as watch:
         _, results = up_under_load(stack, "decode-b restart through the rust router")
     failed = [status for status in results if status != 200]
@@ -164,7 +167,7 @@ def changed_node_files(values: dict, tmp: Path) -> list[dict]:
 def test_a_change_to_every_group_rolls_one_group_at_a_time(
         stack: auto.Stack, project: Project, sim: SimCluster, tmp_path: Path) -> None:
     before = container_ids(sim)
-    project.update_stack("rollout", {"nodeFiles": changed_node_files(
+    project.update_stack(SHARED_2P2D, {"nodeFiles": changed_node_files(
         rollout_values(sim), tmp_path)})
     with WorkerWatch() as watch:
         _, results = up_under_load(stack, "node files of every group through the rust router")
@@ -191,7 +194,7 @@ def test_a_change_that_replaces_the_router_too_rolls_behind_the_new_one(
     router's own swap may fail requests (refused, or 503 before the serving groups are back);
     from then on the new router always has a group of each mode while the groups roll."""
     before = container_ids(sim)
-    project.update_stack("rollout", {"restartGeneration": 1})
+    project.update_stack(SHARED_2P2D, {"restartGeneration": 1})
     with WorkerWatch() as watch:
         _, results = up_under_load(stack, "restartGeneration (router and every group)")
     after = container_ids(sim)
@@ -221,7 +224,7 @@ def test_a_failing_canary_stops_the_rollout_and_the_rest_keep_serving(
     groups = values["groups"]
     for name in DECODE:
         groups[name]["env"] = {"SGLANG_STANDIN_EXIT_WHILE_LOADING": "1"}
-    project.update_stack("rollout", {"groups": groups})
+    project.update_stack(SHARED_2P2D, {"groups": groups})
     before = container_ids(sim)
     with pytest.raises(auto.CommandError) as failure:
         stack.up()
@@ -245,7 +248,7 @@ def test_a_failing_canary_stops_the_rollout_and_the_rest_keep_serving(
         with urllib.request.urlopen(request, timeout=30) as response:
             assert response.status == 200
     # Fixed config: the next `up` replaces the canary again, then rolls the rest.
-    project.update_stack("rollout", {"groups": rollout_values(sim)["groups"]})
+    project.update_stack(SHARED_2P2D, {"groups": rollout_values(sim)["groups"]})
     stack.refresh()
     stack.up()
     status, listing = workers(AUTHORIZED)
