@@ -147,6 +147,23 @@ def shared_2p2d(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[Sh
             shared.sim.remove_kimipd_containers(NODES)
 
 
+# A module on the shared stack imports these three: its tests then take `stack`, `project` and
+# `sim` as a module of its own stack's would.
+@pytest.fixture(scope="module", name="stack")
+def shared_2p2d_stack(shared_2p2d: SharedStack) -> auto.Stack:
+    return shared_2p2d.stack
+
+
+@pytest.fixture(scope="module", name="project")
+def shared_2p2d_project(shared_2p2d: SharedStack) -> Project:
+    return shared_2p2d.project
+
+
+@pytest.fixture(scope="module", name="sim")
+def shared_2p2d_sim(shared_2p2d: SharedStack) -> SimCluster:
+    return shared_2p2d.sim
+
+
 class Events:
     """The engine's step events, in the order it reported them."""
 

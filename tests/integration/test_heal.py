@@ -24,8 +24,8 @@ from pulumi import automation as auto
 from sim.automation import Project
 from tests.conftest import REPO
 from tests.integration.engine import (  # noqa: F401 - fixtures
-    AUTHORIZED, ROUTER, SHARED_2P2D, SharedStack, container_ids, generate_loop, kimipd,
-    shared_2p2d)
+    AUTHORIZED, ROUTER, SHARED_2P2D, container_ids, generate_loop, kimipd, shared_2p2d,
+    shared_2p2d_project, shared_2p2d_sim, shared_2p2d_stack)
 from tests.integration.sim import SimCluster
 from tests.ops.loopback import wait_until
 from tests.ops.systemd_unit import SERVICE_BASE_ENV, environment_file, exec_start
@@ -35,23 +35,6 @@ pytestmark = pytest.mark.timeout(1800)
 STACK = SHARED_2P2D
 DECODE = {"decode-a": ("10.231.60.5", "10.231.60.6"), "decode-b": ("10.231.60.7", "10.231.60.8")}
 PASSPHRASE = "kimipd-tests"  # sim/automation.Project's
-
-
-# test_rollout.py's stack, converged as it left it (engine.shared_2p2d); this module leaves a
-# group dead, which the destroy after it takes down with the rest.
-@pytest.fixture(scope="module")
-def stack(shared_2p2d: SharedStack) -> auto.Stack:
-    return shared_2p2d.stack
-
-
-@pytest.fixture(scope="module")
-def project(shared_2p2d: SharedStack) -> Project:
-    return shared_2p2d.project
-
-
-@pytest.fixture(scope="module")
-def sim(shared_2p2d: SharedStack) -> SimCluster:
-    return shared_2p2d.sim
 
 
 def kill_server(sim: SimCluster, node: str, container: str) -> float:

@@ -20,8 +20,8 @@ from pulumi import automation as auto
 
 from sim.automation import Project
 from tests.integration.engine import (  # noqa: F401 - fixtures
-    AUTHORIZED, ROUTER, SHARED_2P2D, SharedStack, container_ids, shared_2p2d, shared_2p2d_values,
-    up_under_load)
+    AUTHORIZED, ROUTER, SHARED_2P2D, container_ids, shared_2p2d, shared_2p2d_project,
+    shared_2p2d_sim, shared_2p2d_stack, shared_2p2d_values, up_under_load)
 from tests.integration.sim import SimCluster
 
 pytestmark = pytest.mark.timeout(1800)
@@ -93,25 +93,6 @@ class WorkerWatch:
                                            for mode in ("prefill", "decode"))
 
 
-rollout_values = shared_2p2d_values
-
-
-# The stack test_heal.py goes on with (engine.shared_2p2d): this module leaves it converged.
-@pytest.fixture(scope="module")
-def stack(shared_2p2d: SharedStack) -> auto.Stack:
-    return shared_2p2d.stack
-
-
-@pytest.fixture(scope="module")
-def project(shared_2p2d: SharedStack) -> Project:
-    return shared_2p2d.project
-
-
-@pytest.fixture(scope="module")
-def sim(shared_2p2d: SharedStack) -> SimCluster:
-    return shared_2p2d.sim
-
-
 def test_the_worker_api_and_generate_need_the_key(stack: auto.Stack) -> None:
     assert workers()[0] == 401, "GET /workers answered a caller without the key"
     status, listing = workers(AUTHORIZED)
@@ -134,7 +115,7 @@ def test_the_worker_api_and_generate_need_the_key(stack: auto.Stack) -> None:
 def test_restarting_one_decode_group_fails_no_request(stack: auto.Stack, project: Project,
                                                       sim: SimCluster) -> None:
     before = container_ids(sim)
-    groups = rollout_values(sim)["groups"]
+    groups = shared_2p2d_values(sim)["groups"]
     groups["decode-b"]["restartGeneration"] = 1
     project.update_stack(SHARED_2P2D, {"groups": groups})
     with WorkerWatch() as watch:
@@ -168,7 +149,7 @@ def test_a_change_to_every_group_rolls_one_group_at_a_time(
         stack: auto.Stack, project: Project, sim: SimCluster, tmp_path: Path) -> None:
     before = container_ids(sim)
     project.update_stack(SHARED_2P2D, {"nodeFiles": changed_node_files(
-        rollout_values(sim), tmp_path)})
+        shared_2p2d_values(sim), tmp_path)})
     with WorkerWatch() as watch:
         _, results = up_under_load(stack, "node files of every group through the rust router")
     failed = [status for status in results if status != 200]
@@ -220,7 +201,7 @@ def test_a_change_that_replaces_the_router_too_rolls_behind_the_new_one(
 
 def test_a_failing_canary_stops_the_rollout_and_the_rest_keep_serving(
         stack: auto.Stack, project: Project, sim: SimCluster) -> None:
-    values = rollout_values(sim)
+    values = shared_2p2d_values(sim)
     groups = values["groups"]
     for name in DECODE:
         groups[name]["env"] = {"SGLANG_STANDIN_EXIT_WHILE_LOADING": "1"}
@@ -248,7 +229,7 @@ def test_a_failing_canary_stops_the_rollout_and_the_rest_keep_serving(
         with urllib.request.urlopen(request, timeout=30) as response:
             assert response.status == 200
     # Fixed config: the next `up` replaces the canary again, then rolls the rest.
-    project.update_stack(SHARED_2P2D, {"groups": rollout_values(sim)["groups"]})
+    project.update_stack(SHARED_2P2D, {"groups": shared_2p2d_values(sim)["groups"]})
     stack.refresh()
     stack.up()
     status, listing = workers(AUTHORIZED)
