@@ -206,7 +206,8 @@ class Membership(pulumi.ComponentResource):
         super().__init__("kimipd:router:Membership", name, None, opts)
         # With the door, every slot: the group is registered with both.
         # Replaced with the group's containers (rank 0's id: whatever replaces rank 0 replaces
-        # the group), and deleted before them: its delete is the drain.
+        # the group), and deleted before them: its delete is the drain. The trigger makes it
+        # depend on rank 0, so depends_on names the other ranks only (HealthGate says why).
         self.drain = command.remote.Command(
             f"{name}-drain",
             connection=node.connection,
@@ -214,7 +215,7 @@ class Membership(pulumi.ComponentResource):
             delete=drain_command(cfg, name),
             triggers=[group.containers[0].id],
             opts=pulumi.ResourceOptions(parent=self, depends_on=[
-                *group.containers, *[router.container for router in routers]]))
+                *group.containers[1:], *[router.container for router in routers]]))
         # Outlives replacements; deleted first when the group leaves the config or the stack is
         # destroyed, so the drain then removes the group without waiting for a peer.
         self.want = command.remote.Command(

@@ -36,9 +36,9 @@ class ServingGroup(pulumi.ComponentResource):
             # dependency order and old one first, instead of creating the new group beside the
             # old one's ports and GPUs and deleting the old at the end. The alias carries stacks
             # deployed when containers were named by role.
-            # The key file's id as a label: a new key restarts the rank with it.
-            return node_container(plan, nodes[plan.node],
-                                  depends_on=[*wait_for, *([key_file] if key_file else [])],
+            # The key file's id as a label: a new key restarts the rank with it (and the rank
+            # waits for the file: no depends_on repeats it).
+            return node_container(plan, nodes[plan.node], depends_on=wait_for,
                                   parent=self,
                                   resource_name=f"{nodes[plan.node].resource_name}-{group.mode}",
                                   aliases=[pulumi.Alias(name=plan.role)],

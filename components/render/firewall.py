@@ -12,6 +12,7 @@ or rule on the node is read or changed (docs/decisions.md).
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 
 from ..config import ClusterConfig
@@ -50,18 +51,25 @@ def _elements(items: list[str] | list[int]) -> str:
     return "{ " + ", ".join(str(item) for item in items) + " }"
 
 
-def _from(networks: list[str], what: str) -> list[str]:
-    """`ip saddr {..} WHAT` / `ip6 saddr {..} WHAT` for the non-empty families."""
-    v4, v6 = _by_family(networks)
+@functools.lru_cache(maxsize=64)
+def _from(networks: tuple[str, ...], what: str) -> tuple[str, ...]:
+    """`ip saddr {..} WHAT` / `ip6 saddr {..} WHAT` for the non-empty families. Cached: every
+    node's table has the same member rule, worked out once instead of once per node (issue 29)."""
+    v4, v6 = _by_family(list(networks))
     rules = []
     if v4:
         rules.append(f"ip saddr {_elements(v4)} {what}")
     if v6:
         rules.append(f"ip6 saddr {_elements(v6)} {what}")
-    return rules
+    return tuple(rules)
 
 
-def _summary(cfg: ClusterConfig, address: str, members: list[str],
+@functools.lru_cache(maxsize=64)
+def _in_address_order(addresses: frozenset[str]) -> tuple[str, ...]:
+    return tuple(sorted(addresses, key=ipaddress.ip_address))
+
+
+def _summary(cfg: ClusterConfig, address: str, members: tuple[str, ...],
              ssh_ports: list[int]) -> list[str]:
     """Two comment lines that say what the table does: `pulumi preview` shows a new multi-line
     value by its first lines only."""
@@ -86,7 +94,7 @@ def firewall_ruleset(cfg: ClusterConfig, address: str) -> str:
     line creates it when absent, so the delete always has something to delete)."""
     spec = cfg.firewall
     table = f"inet {firewall_table(cfg)}"
-    members = sorted({node.address for node in cfg.nodes}, key=ipaddress.ip_address)
+    members = _in_address_order(frozenset(node.address for node in cfg.nodes))
     ssh_ports = sorted({node.ssh_port for node in cfg.nodes})
     rules = [
         'iif "lo" accept',
@@ -94,15 +102,15 @@ def firewall_ruleset(cfg: ClusterConfig, address: str) -> str:
         "meta l4proto { icmp, ipv6-icmp } accept",
         # Members: every port, including those picked at run time.
         *_from(members, "accept"),
-        *_from(list(spec.operator_hosts), "accept"),
+        *_from(tuple(spec.operator_hosts), "accept"),
         # Never closed: the program and the operator reach the nodes over it.
         f"tcp dport {_elements(ssh_ports)} accept",
     ]
     if address == cfg.router.node:
-        rules += _from(list(spec.client_networks), f"tcp dport {cfg.router.port} accept")
+        rules += _from(tuple(spec.client_networks), f"tcp dport {cfg.router.port} accept")
     metrics_ports = cfg.metrics_ports_on(address)
     if metrics_ports:
-        rules += _from(list(spec.monitoring_hosts),
+        rules += _from(tuple(spec.monitoring_hosts),
                        f"tcp dport {_elements(metrics_ports)} accept")
     if spec.open_ports:
         rules.append(f"tcp dport {_elements(sorted(set(spec.open_ports)))} accept")

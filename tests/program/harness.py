@@ -35,6 +35,7 @@ class Registration:
     replace_on_changes: list[str] = field(default_factory=list)
     replace_with: list[str] = field(default_factory=list)  # URNs
     delete_before_replace: bool = False
+    property_dependencies: dict[str, list[str]] = field(default_factory=dict)  # input -> URNs
 
 
 @dataclass
@@ -117,7 +118,9 @@ class RecordingMonitor(mocks.MockMonitor):
                 raw_inputs=json_format.MessageToDict(request.object),
                 replace_on_changes=list(request.replaceOnChanges),
                 replace_with=list(request.replace_with),
-                delete_before_replace=request.deleteBeforeReplace))
+                delete_before_replace=request.deleteBeforeReplace,
+                property_dependencies={key: list(deps.urns) for key, deps
+                                       in request.propertyDependencies.items()}))
         return response
 
 
