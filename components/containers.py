@@ -33,6 +33,7 @@ def node_container(plan: ContainerPlan, node: Node, *, depends_on: Sequence[pulu
         command=plan.command,
         entrypoints=plan.entrypoint,
         stop_signal=plan.stop_signal,
+        user=plan.user,
         envs=env_list(plan.env),
         labels=[docker.ContainerLabelArgs(label=k, value=v) for k, v in plan.labels.items()]
         + ([docker.ContainerLabelArgs(label="kimipd.rank0-container", value=follows.id)]

@@ -45,6 +45,7 @@ class ContainerPlan:
     health_url: str  # what its gate polls on its node
     entrypoint: list[str] | None = None  # None: the image's own
     stop_signal: str | None = None  # None: docker's SIGTERM
+    user: str | None = None  # None: the image's own
 
 
 def container_plan(cfg: ClusterConfig, role: str, node: str, command: list[str],

@@ -1,9 +1,10 @@
 """The door: HAProxy's configuration, its files on the router's node, and its container.
 
-HAProxy (Debian 12's 2.6 package) owns router.port and sends each request to one of two router
-slots on their own ports; a slot is drained at the door (runtime API) before it is replaced, and
-a connection refused by a dying slot is retried on the other one, never a request that reached a
-router (a PD dispatch is not idempotent: upstream SGLang PR #34570). docs/door.md.
+HAProxy 2.6 (the official image on the nodes, Debian 12's package on the sim) owns router.port
+and sends each request to one of two router slots on their own ports; a slot is drained at the
+door (runtime API) before it is replaced, and a connection refused by a dying slot is retried
+on the other one, never a request that reached a router (a PD dispatch is not idempotent:
+upstream SGLang PR #34570). docs/door.md.
 """
 
 from __future__ import annotations
@@ -16,7 +17,11 @@ from .container_plan import ContainerPlan, container_plan
 from .layout import container_name, router_state_dir, shell
 
 DOOR = "door"
-HAPROXY = "/usr/sbin/haproxy"
+# Found on the image's PATH: /usr/local/sbin in the official image, /usr/sbin in Debian's package.
+HAPROXY = "haproxy"
+# Root in the container, whatever the image's own user (the official image's is uid 99): the
+# door's directory, its admin socket and the TLS key are root's only (docs/decisions.md).
+DOOR_USER = "0:0"
 BACKEND = "slots"
 
 
@@ -179,7 +184,8 @@ def write_door_config_command(cfg: ClusterConfig) -> str:
     directory, target = door_dir(cfg), door_config_file(cfg)
     new = target + ".new"
     check = ["docker", "run", "--rm", "--network", "none", "--entrypoint", HAPROXY,
-             "-v", f"{directory}:{directory}:ro", door_spec(cfg).image, "-c", "-q", "-f", new]
+             "--user", DOOR_USER, "-v", f"{directory}:{directory}:ro", door_spec(cfg).image,
+             "-c", "-q", "-f", new]
     return (f"mkdir -p {shell([directory])} && chmod 700 {shell([directory])} && "
             # A state file with its version line only: no state yet (and no warning).
             f"{{ [ -s {shell([door_state_file(cfg)])} ] || echo 1 > "
@@ -213,4 +219,5 @@ def door_plan(cfg: ClusterConfig) -> ContainerPlan:
     # SIGTERM would cut every stream at once.
     return dataclasses.replace(plan, labels={"kimipd.role": DOOR},
                                mounts=[(door_dir(cfg), door_dir(cfg), False)],
-                               entrypoint=[HAPROXY], ulimits={}, stop_signal="SIGUSR1")
+                               entrypoint=[HAPROXY], ulimits={}, stop_signal="SIGUSR1",
+                               user=DOOR_USER)

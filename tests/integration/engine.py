@@ -64,12 +64,13 @@ AUTHORIZED = {"Authorization": f"Bearer {ROUTER_API_KEY}"}
 
 
 def sim_values(sim: SimCluster, stack: str = "sim", door: bool = False, **changes) -> dict:
-    """STACK's values on this sim; with DOOR, the door in front of two router slots (its
-    image built on this sim), which test_door.py covers."""
+    """STACK's values on this sim, its images pinned to this sim's builds: the node image and
+    the door's, where the stack has a door or DOOR adds one (test_door.py)."""
     values = copy.deepcopy(stack_values(stack))
     values["image"] = sim.image
-    if door:
-        values["router"]["door"] = {"image": sim.door_image}
+    if door or values["router"].get("door") is not None:
+        values["router"]["door"] = (values["router"].get("door") or {}) | {
+            "image": sim.door_image}
     values.update(changes)
     return values
 

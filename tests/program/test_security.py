@@ -32,14 +32,16 @@ def node_name(address: str) -> str:
 
 
 def test_pro6000_ships_the_keyed_rust_router(run: Run) -> None:
-    router = run.containers()["router"]
-    assert any(word.endswith("/router-launch.py") for word in router.inputs["command"])
+    # Behind the door: two slots, each the keyed rust router.
+    for slot in ("router-a", "router-b"):
+        router = run.containers()[slot]
+        assert any(word.endswith("/router-launch.py") for word in router.inputs["command"]), slot
     assert run.stack_outputs["routerApiKey"] == ROUTER_API_KEY
 
 
 def test_every_server_reads_the_key_from_its_nodes_file(run: Run) -> None:
     for role, container in run.containers().items():
-        if role in ("router", "mooncake-master"):
+        if role in ("door", "router-a", "router-b", "mooncake-master"):
             continue
         command = container.inputs["command"]
         assert command[command.index("--config") + 1] == "/opt/kimipd/keys-31000/sglang.yaml"

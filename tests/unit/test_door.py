@@ -13,7 +13,7 @@ from components.config import ConfigError, load_cluster_config
 from components.render import (door_haproxy_config, door_plan, drain_command, firewall_ruleset,
                                router_command, router_plan, router_url, slot_admit_command,
                                slot_drain_command, smoke_test_command)
-from tests.conftest import REPO
+from tests.conftest import REPO, stack_values
 
 CERT = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
 DOOR_IMAGE = "registry.example/kimipd/door@sha256:" + "a" * 64
@@ -63,9 +63,23 @@ def test_the_door_survives_restart_generation_and_stops_softly(pro6000: dict) ->
     # Its labels carry no restart generation: a bump rolls the slots behind it, not the door.
     assert plan.labels == {"kimipd.role": "door"}
     assert plan.stop_signal == "SIGUSR1"
-    assert plan.entrypoint == ["/usr/sbin/haproxy"]
+    # haproxy from the image's PATH, as root: the official image's is /usr/local/sbin/haproxy
+    # and its user uid 99, Debian's package /usr/sbin/haproxy.
+    assert (plan.entrypoint, plan.user) == (["haproxy"], "0:0")
     assert plan.mounts == [("/opt/kimipd/router-31000/door", "/opt/kimipd/router-31000/door",
                             False)]
+
+
+def test_pro6000_as_shipped_serves_through_the_door() -> None:
+    """The shipped stack file, untouched: HAProxy owns router.port, two slots serve behind it,
+    from the official image pinned by digest."""
+    cfg = load_cluster_config(stack_values("pro6000"))
+    door = cfg.router.door
+    assert door is not None and door.image.startswith("haproxy@sha256:")
+    config = door_haproxy_config(cfg).splitlines()
+    assert "    bind 0.0.0.0:31000" in config
+    assert [line.split()[1:3] for line in config if line.startswith("    server ")] == [
+        ["slot-a", "127.0.0.1:31001"], ["slot-b", "127.0.0.1:31002"]]
 
 
 def test_minilb_slots_are_checked_on_health(pro6000: dict) -> None:

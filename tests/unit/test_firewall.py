@@ -56,7 +56,8 @@ def test_monitoring_hosts_reach_the_metrics_ports_of_each_node(pro6000: dict) ->
     assert "ip saddr { 10.9.0.1 } accept" in master
     assert "tcp dport { 9100 } accept" in master
     router_node = rules(config, "174.1.60.5")
-    assert "ip saddr { 10.9.0.7 } tcp dport { 29000, 30000 } accept" in router_node
+    # the door's exporter and both slots' metrics ports (pro6000 ships the door)
+    assert "ip saddr { 10.9.0.7 } tcp dport { 29001, 29002, 29100, 30000 } accept" in router_node
     assert "ip saddr { 10.20.0.0/16 } tcp dport 31000 accept" in router_node
     assert not [line for line in router_node if "::/0" in line]
 
@@ -82,7 +83,7 @@ def test_nft_accepts_every_rendered_table(pro6000: dict) -> None:
     # A network inside another of the list is left out: nft refuses conflicting intervals.
     door = rules(load_cluster_config(pro6000), "174.1.60.5")
     assert "ip saddr { 0.0.0.0/0 } tcp dport 31000 accept" in door
-    assert "ip saddr { 10.9.0.0/24 } tcp dport { 29000, 30000 } accept" in door
+    assert "ip saddr { 10.9.0.0/24 } tcp dport { 29001, 29002, 29100, 30000 } accept" in door
     sim_2p2d = stack_values("sim-2p2d") | {"image": "10.231.60.254:5000/kimipd/sim-node@sha256:"
                                            + "a" * 64}
     for values in (pro6000, sim_2p2d):

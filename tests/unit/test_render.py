@@ -228,10 +228,12 @@ def test_preflight_ports_are_every_port_the_node_binds(pro6000: dict) -> None:
     assert preflight_flag(config, "174.1.60.1", "--ports").split(",") == [
         "8998=groups.prefill.bootstrapPort", "9003=mooncakeMaster.metricsPort", *dist_init,
         "30000=groups.prefill.httpPort", "50051=mooncakeMaster.rpcPort"]
-    # decode rank 0 (no bootstrap server) + router.
+    # decode rank 0 (no bootstrap server) + the door and its two router slots.
     assert preflight_flag(config, "174.1.60.5", "--ports").split(",") == [
         *(entry.replace("prefill", "decode") for entry in dist_init),
-        "29000=router.metricsPort", "30000=groups.decode.httpPort", "31000=router.port"]
+        "29001=router.door.slots[0].metricsPort", "29002=router.door.slots[1].metricsPort",
+        "29100=router.door.metricsPort", "30000=groups.decode.httpPort", "31000=router.port",
+        "31001=router.door.slots[0].port", "31002=router.door.slots[1].port"]
     # A rank >= 1 binds --port too (SGLang's dummy health server).
     assert preflight_flag(config, "174.1.60.8", "--ports") == "30000=groups.decode.httpPort"
 
@@ -257,7 +259,10 @@ def test_preflight_checks_only_rank_nodes_for_the_model_and_devices(pro6000: dic
     config = load_cluster_config(pro6000)
     assert preflight_flag(config, "174.1.60.9", "--model-host-path") == ""
     assert preflight_flag(config, "174.1.60.9", "--device-paths") == ""
-    assert preflight_flag(config, "174.1.60.9", "--ports") == "29000=router.metricsPort,31000=router.port"
+    assert preflight_flag(config, "174.1.60.9", "--ports") == (
+        "29001=router.door.slots[0].metricsPort,29002=router.door.slots[1].metricsPort,"
+        "29100=router.door.metricsPort,31000=router.port,31001=router.door.slots[0].port,"
+        "31002=router.door.slots[1].port")
 
 
 def test_preflight_checks_can_be_turned_off(pro6000: dict) -> None:
@@ -522,6 +527,9 @@ def test_metrics_render_the_flag_and_every_target(pro6000: dict) -> None:
     assert targets[6] == {"targets": ["174.1.60.6:30000"],
                           "labels": {"stack": "pro6000", "role": "decode-r1", "group": "decode",
                                      "mode": "decode", "rank": "1", "node": "174.1.60.6"}}
-    # 8 ranks, the master and the rust router's metrics port
-    assert len(targets) == 10
+    # 8 ranks, the master, the door's exporter and its two slots' metrics ports
+    assert len(targets) == 12
+    assert sorted(t["targets"][0] for t in targets if t["labels"]["node"] == "174.1.60.5"
+                  and t["labels"]["role"] in ("door", "router")) == [
+        "174.1.60.5:29001", "174.1.60.5:29002", "174.1.60.5:29100"]
     json.dumps(targets)  # a file_sd document as it stands
