@@ -67,6 +67,10 @@ def main() -> int:
     print(f"\npulumi up -s sim: {time.monotonic() - started:.0f}s, "
           f"{dict(result.summary.resource_changes or {})}")
     print(f"router:     {outputs['routerUrl']}")
+    door = outputs.get("door")
+    if door:
+        slots = ", ".join(f"{name} {slot['url']}" for name, slot in sorted(door["slots"].items()))
+        print(f"door:       HAProxy on {door['url']}, slots {slots}")
     print(f"smoke test: {outputs['smokeTest']!r}")
     answer = generate(outputs["generateUrl"], "Hello from the kimipd demo",
                       outputs["routerApiKey"])

@@ -111,6 +111,8 @@ def test_a_cli_preview_right_after_the_demo_changes_nothing(cli: Cli) -> None:
     print(f"scripts/demo: {time.monotonic() - started:.0f}s")
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
     assert "router:     http://10.231.60.5:31000" in demo.stdout
+    assert ("door:       HAProxy on http://10.231.60.5:31000, slots a http://10.231.60.5:31001, "
+            "b http://10.231.60.5:31002") in demo.stdout
     preview = cli.run("pulumi preview --diff -s sim")
     summary = resources_line(preview.stdout)
     assert re.fullmatch(r"Resources:\s+\d+ unchanged", summary), \
@@ -122,9 +124,11 @@ def test_git_sees_the_stack_file_without_the_set_up_values(cli: Cli) -> None:
     them, so git shows at most other people's edits, and none when there are none."""
     text = (REPO / "Pulumi.sim.yaml").read_text()
     assert "secure: v1:" in text and "sim-node@sha256:" in text and "encryptionsalt:" in text
+    assert "sim-door@sha256:" in text
     cleaned = cli.run("scripts/setup-stack-sim --git-clean < Pulumi.sim.yaml").stdout
     assert "secure:" not in cleaned and "encryptionsalt" not in cleaned
     assert "kimipd:image: 10.231.60.254:5000/kimipd/sim-node:latest\n" in cleaned
+    assert "      image: 10.231.60.254:5000/kimipd/sim-door:latest\n" in cleaned
     # Under another KIMIPD_CACHE the set-up points the sim's paths at it; git sees the default's.
     assert "    knownHostsFile: ~/.cache/kimipd/sim/ssh/known_hosts\n" in cleaned
     assert cleaned.count("~/.cache/kimipd/sim/") == 5, cleaned
@@ -133,7 +137,7 @@ def test_git_sees_the_stack_file_without_the_set_up_values(cli: Cli) -> None:
     if git.returncode != 0:
         pytest.skip(f"{REPO} is not a git work tree")
     diff = cli.run("git diff -- Pulumi.sim.yaml").stdout
-    assert not re.search(r"secure:|encryptionsalt|sim-node@sha256", diff), diff
+    assert not re.search(r"secure:|encryptionsalt|sim-(node|door)@sha256", diff), diff
     staged = cli.run("git show :Pulumi.sim.yaml").stdout
     if staged == cleaned:  # nobody else has an unstaged edit of the file
         assert cli.run("git status --porcelain -- Pulumi.sim.yaml").stdout == ""
@@ -208,9 +212,10 @@ def test_the_workflow_preview_step_posts_a_summary_of_a_decode_only_edit(cli: Cl
         assert f"**{rank}** on {node} (`kimipd-{rank}`), replace:" in summary
     assert summary.count(f"| flag `--max-running-requests` | `{old}` | `{int(old) // 2}` |") == 4
     assert "prefill" not in summary and "mooncake-master" not in summary
-    # The rust router stays (stack sim): only its readiness check runs again, after decode's
-    # drain and admission.
-    assert "container `kimipd-router`" not in summary
+    # The router slots and the door stay (stack sim): only the readiness check runs again,
+    # after decode's drain and admission.
+    assert "`kimipd-router-a`" not in summary and "`kimipd-router-b`" not in summary
+    assert "`kimipd-door`" not in summary
     assert "command `router-every-group-healthy` | replace |" in summary
     shutil.copy(checkout / "preview.json", cli.work / "decode.json")
 
@@ -247,7 +252,9 @@ def test_review_of_an_image_change(cli: Cli) -> None:
     assert sorted(c.node for c in images) == NODES
     assert all(any(i.name == "name" and i.new.endswith("sim-node:latest") for i in c.inputs) for c in images)
     containers = {c.role: c for c in found if c.is_container}
-    assert set(containers) == {"mooncake-master", "router", *DECODE_RANKS, *(f"prefill-r{r}" for r in range(4))}
+    # The door runs its own image: a node image change leaves it as it is.
+    assert set(containers) == {"mooncake-master", "router-a", "router-b", *DECODE_RANKS,
+                               *(f"prefill-r{r}" for r in range(4))}
     for change in containers.values():
         assert change.op == "replace"
         assert [i.name for i in change.inputs] == ["image"], (change.role, change.inputs)
@@ -256,11 +263,12 @@ def test_review_of_an_image_change(cli: Cli) -> None:
     assert position["node-10-231-60-1-image"] < position["mooncake-master"] \
         < position["node-10-231-60-1-prefill"] < position["node-10-231-60-5-decode"] \
         < position["smoke-test-generate"]
-    # The rust router (stack sim) starts with the nodes, not after decode.
-    assert position["node-10-231-60-5-image"] < position["router"] \
-        < position["smoke-test-generate"]
+    # The rust router slots (stack sim) start with the nodes, not after decode.
+    for slot in ("router-a", "router-b"):
+        assert position["node-10-231-60-5-image"] < position[slot] \
+            < position["smoke-test-generate"]
     markdown = render(preview)
-    assert "| 10.231.60.5 | router | container `kimipd-router` | replace |" in markdown
+    assert "| 10.231.60.5 | router-a | container `kimipd-router-a` | replace |" in markdown
     assert "| input `image` |" in markdown
 
 
@@ -269,12 +277,14 @@ def test_review_of_serving_off(cli: Cli) -> None:
     found = changes(preview)
     assert {c.op for c in found} == {"delete"}
     containers = {c.role: c.node for c in found if c.is_container}
-    assert containers == {"mooncake-master": NODES[0], "router": NODES[4],
+    assert containers == {"mooncake-master": NODES[0], "door": NODES[4], "router-a": NODES[4],
+                          "router-b": NODES[4],
                           **{f"prefill-r{r}": NODES[r] for r in range(4)},
                           **{f"decode-r{r}": NODES[4 + r] for r in range(4)}}
     waves = [{c.name for c in wave} for wave in order(found)]
     position = {name: i for i, wave in enumerate(waves) for name in wave}
-    assert position["router"] < position["node-10-231-60-5-decode"] \
+    assert position["router-a"] < position["node-10-231-60-5-decode"] \
+        and position["router-b"] < position["node-10-231-60-5-decode"] \
         < position["node-10-231-60-1-prefill"] < position["mooncake-master"]
     markdown = render(preview)
     assert "| 10.231.60.1 | prefill-r0 | container `kimipd-prefill-r0` | delete |" in markdown

@@ -109,7 +109,7 @@ def test_the_worker_api_and_generate_need_the_key(stack: auto.Stack) -> None:
     outputs = stack.outputs()
     assert outputs["routerApiKey"].secret
     targets = {entry["labels"]["role"] for entry in outputs["prometheusTargets"].value}
-    assert "router" in targets
+    assert {"door", "router"} <= targets
 
 
 def test_restarting_one_decode_group_fails_no_request(stack: auto.Stack, project: Project,
@@ -159,7 +159,8 @@ def test_a_change_to_every_group_rolls_one_group_at_a_time(
     for name in before:
         if "-prefill-" in name or "-decode-" in name:
             assert after[name] != before[name], f"{name} was not replaced"
-    assert after["kimipd-router"] == before["kimipd-router"], "the router was replaced"
+    for name in ("kimipd-door", "kimipd-router-a", "kimipd-router-b"):
+        assert after[name] == before[name], f"{name} was replaced"
     # One group of a mode out at a time: the second left only after the first came back.
     for mode, urls in (("prefill", PREFILL), ("decode", DECODE)):
         out = {name: watch.absent(url, mode) for name, url in urls.items()}
@@ -169,34 +170,29 @@ def test_a_change_to_every_group_rolls_one_group_at_a_time(
         assert max(out[first]) < min(out[second]), f"{mode}: {second} left before {first} was back"
 
 
-def test_a_change_that_replaces_the_router_too_rolls_behind_the_new_one(
+def test_a_change_that_replaces_every_container_fails_nothing_behind_the_door(
         stack: auto.Stack, project: Project, sim: SimCluster) -> None:
-    """The global restartGeneration replaces every container, the router with them: only the
-    router's own swap may fail requests (refused, or 503 before the serving groups are back);
-    from then on the new router always has a group of each mode while the groups roll."""
+    """The global restartGeneration replaces every container but the door: the router slots
+    one at a time behind it, the groups one of a mode at a time. The door always has a slot
+    with a group of each mode, so no request fails (without the door, the router's own swap
+    failed 14 of 405: docs/door.md)."""
     before = container_ids(sim)
     project.update_stack(SHARED_2P2D, {"restartGeneration": 1})
     with WorkerWatch() as watch:
-        _, results = up_under_load(stack, "restartGeneration (router and every group)")
+        _, results = up_under_load(stack, "restartGeneration (both slots and every group)")
     after = container_ids(sim)
-    assert all(after[name] != before[name] for name in before), "a container was not replaced"
+    assert after["kimipd-door"] == before["kimipd-door"], "the door was replaced"
+    assert all(after[name] != before[name] for name in before if name != "kimipd-door"), \
+        "a container was not replaced"
     failed = [status for status in results if status != 200]
-    assert set(failed) <= {0, 503}, f"failures other than the router's swap: {failed}"
-    assert len(failed) <= 60, f"{len(failed)} of {len(results)} failed"
-    indices = range(len(watch.seen))
-    swap = next((i for i in indices if not watch.serving(i)), None)
-    assert swap is not None, "the router never stopped serving: was it replaced?"
-    back = next(i for i in indices if i > swap and watch.serving(i))
-    print(f"router swap: {watch.seen[back][0] - watch.seen[swap][0]:.1f}s without a group of "
-          f"each mode; snapshots: {len(watch.seen)}")
-    lost = [i for i in indices if i > back and not watch.serving(i)]
-    assert not lost, f"the new router lost a mode while the groups rolled: {watch.seen[back:]}"
-    # ... and the groups still went one of a mode at a time.
+    assert len(results) > 20 and not failed, f"{len(failed)} of {len(results)} failed: {failed[:10]}"
+    unserved = [watch.seen[i] for i in range(len(watch.seen)) if not watch.serving(i)]
+    assert not unserved, f"the door answered without a group of each mode: {unserved}"
     for mode, urls in (("prefill", PREFILL), ("decode", DECODE)):
-        out = {name: [i for i in watch.absent(url, mode) if i >= back] for name, url in urls.items()}
-        assert all(out.values()), f"a {mode} group was never drained after the router: {out}"
-        assert not set(out["prefill-a" if mode == "prefill" else "decode-a"]) & set(
-            out["prefill-b" if mode == "prefill" else "decode-b"]), f"{mode}: both out: {out}"
+        out = {name: watch.absent(url, mode) for name, url in urls.items()}
+        assert all(out.values()), f"a {mode} group was never drained: {out}"
+        first, second = sorted(out, key=lambda name: out[name][0])
+        assert not set(out[first]) & set(out[second]), f"{mode}: both out at once: {out}"
 
 
 def test_a_failing_canary_stops_the_rollout_and_the_rest_keep_serving(

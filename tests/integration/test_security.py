@@ -263,7 +263,7 @@ def test_a_monitoring_host_reaches_the_metrics_ports_and_the_tables_change_in_pl
     assert container_ids(sim) == before
     results = probe_every_port("the stranger as a monitoring host")
     metrics = ({(node, 30000) for node in NODES} | {("10.231.60.1", 9003)}
-               | {(ROUTER_NODE, 29000)})
+               | {(ROUTER_NODE, port) for port in (29001, 29002, 29100)})  # the slots, the door
     expected = {(node, 22) for node in NODES} | {(ROUTER_NODE, ROUTER_PORT)} | metrics
     assert reachable(results) == expected, sorted(reachable(results) ^ expected)
     rank0 = results[("10.231.60.1", 30000)]

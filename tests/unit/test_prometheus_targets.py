@@ -4,7 +4,6 @@ slot router (role router, told apart by `slot`), in place of the single router's
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 from typing import Any
 
 from components.config import load_cluster_config
@@ -36,9 +35,14 @@ def test_minilb_slots_serve_no_metrics_so_only_the_door_is_a_target() -> None:
          "labels": {"stack": "sim", "role": "door", "node": "10.231.60.5"}}]
 
 
+def without_the_door(stack: str) -> Any:
+    values = stack_values(stack)
+    values["router"] = {key: value for key, value in values["router"].items() if key != "door"}
+    return load_cluster_config(values)
+
+
 def test_without_a_door_the_one_rust_router_is_listed_as_before() -> None:
-    config = load_cluster_config(stack_values("sim-2p2d"))
-    assert getattr(config.router, "door", None) is None
+    config = without_the_door("sim-2p2d")
     targets = prometheus_targets(config, "sim-2p2d")
     assert router_targets(targets) == [
         {"targets": ["10.231.60.5:29000"],
@@ -47,23 +51,19 @@ def test_without_a_door_the_one_rust_router_is_listed_as_before() -> None:
 
 
 def test_with_a_door_its_targets_replace_the_routers_metrics_port() -> None:
+    # sim-2p2d as shipped: the door with its default ports (metricsPort 29100, slots a, b).
     config = load_cluster_config(stack_values("sim-2p2d"))
-    # router.door as the model holds it (components/config/schema.py DoorSpec): metricsPort and
-    # the two slots by name.
-    slots = {"a": SimpleNamespace(port=31001, metrics_port=29001),
-             "b": SimpleNamespace(port=31002, metrics_port=29002)}
-    door = SimpleNamespace(metrics_port=29100, slot_named=lambda: slots)
-    router = SimpleNamespace(**dict(config.router) | {"door": door})
-    with_door: Any = SimpleNamespace(**dict(config) | {"router": router})
-    targets = prometheus_targets(with_door, "sim-2p2d")
-    without = prometheus_targets(config, "sim-2p2d")
+    assert config.router.door is not None
+    targets = prometheus_targets(config, "sim-2p2d")
+    without = prometheus_targets(without_the_door("sim-2p2d"), "sim-2p2d")
     assert targets[:-3] == without[:-1]  # the master and every rank, unchanged
     assert router_targets(targets) == door_targets("sim-2p2d", "10.231.60.5", 29100,
                                                    {"a": 29001, "b": 29002}, rust=True)
     assert "10.231.60.5:29000" not in {address for entry in targets
                                        for address in entry["targets"]}
-    minilb: Any = SimpleNamespace(**dict(config) | {"router": SimpleNamespace(
-        **dict(config.router) | {"kind": "mini-lb", "door": door})})
-    assert router_targets(prometheus_targets(minilb, "sim-2p2d")) == [
+    values = stack_values("sim-2p2d")
+    values["router"] = {"node": "10.231.60.5", "port": 31000, "kind": "mini-lb",
+                        "door": values["router"]["door"]}
+    assert router_targets(prometheus_targets(load_cluster_config(values), "sim-2p2d")) == [
         {"targets": ["10.231.60.5:29100"],
          "labels": {"stack": "sim-2p2d", "role": "door", "node": "10.231.60.5"}}]
