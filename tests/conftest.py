@@ -23,6 +23,13 @@ def stack_values(stack: str) -> dict[str, Any]:
     return follow_cache(read_stack_file(REPO / f"Pulumi.{stack}.yaml"))
 
 
+def without_the_door(values: dict[str, Any]) -> dict[str, Any]:
+    """VALUES with the single router on router.port instead of the door and its slots: for the
+    tests whose subject is that router (every shipped stack has the door)."""
+    values["router"] = {key: value for key, value in values["router"].items() if key != "door"}
+    return values
+
+
 def observability_stack_values(stack: str) -> dict[str, Any]:
     """observability/Pulumi.STACK.yaml's `kimipd-observability:*` values (namespace stripped),
     the sim's paths under the run's KIMIPD_CACHE, as stack_values."""

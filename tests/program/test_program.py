@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import stack_values
+from tests.conftest import stack_values, without_the_door
 from tests.program.harness import (
     PRIVATE_KEY, SECRET_SIG, SIG_KEY, Run, host_key_of, run_program, with_local_files)
 
@@ -24,8 +24,7 @@ def values(tmp_path: Path) -> dict:
     # pro6000's topology with the runbook's MiniLB, which starts once every group is ready;
     # the rust router pro6000 ships with is test_rust_router.py's and test_security.py's.
     # The single router (no door): the door's program tests are test_door.py's.
-    values = stack_values("pro6000")
-    values["router"] = {key: value for key, value in values["router"].items() if key != "door"}
+    values = without_the_door(stack_values("pro6000"))
     values["router"]["kind"] = "mini-lb"
     return with_local_files(values, tmp_path)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import stack_values
+from tests.conftest import stack_values, without_the_door
 from tests.program.harness import (
     ROUTER_API_KEY, SECRET_SIG, SIG_KEY, Run, run_program, run_refused, with_local_files)
 
@@ -19,7 +19,8 @@ GROUPS = ["prefill-a", "prefill-b", "decode-a", "decode-b"]
 
 @pytest.fixture
 def values(tmp_path: Path) -> dict:
-    values = stack_values("sim-2p2d")
+    # The single rust router's order and key (the door's slots are test_door.py's).
+    values = without_the_door(stack_values("sim-2p2d"))
     for node_file in values["nodeFiles"]:
         node_file.pop("sha256")  # with_local_files writes stand-in files
     return with_local_files(values, tmp_path)

@@ -9,7 +9,7 @@ from typing import Any
 from components.config import load_cluster_config
 from components.render import prometheus_targets
 from components.render.prometheus import door_targets
-from tests.conftest import stack_values
+from tests.conftest import stack_values, without_the_door
 
 
 def router_targets(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -35,14 +35,8 @@ def test_minilb_slots_serve_no_metrics_so_only_the_door_is_a_target() -> None:
          "labels": {"stack": "sim", "role": "door", "node": "10.231.60.5"}}]
 
 
-def without_the_door(stack: str) -> Any:
-    values = stack_values(stack)
-    values["router"] = {key: value for key, value in values["router"].items() if key != "door"}
-    return load_cluster_config(values)
-
-
 def test_without_a_door_the_one_rust_router_is_listed_as_before() -> None:
-    config = without_the_door("sim-2p2d")
+    config = load_cluster_config(without_the_door(stack_values("sim-2p2d")))
     targets = prometheus_targets(config, "sim-2p2d")
     assert router_targets(targets) == [
         {"targets": ["10.231.60.5:29000"],
@@ -55,7 +49,7 @@ def test_with_a_door_its_targets_replace_the_routers_metrics_port() -> None:
     config = load_cluster_config(stack_values("sim-2p2d"))
     assert config.router.door is not None
     targets = prometheus_targets(config, "sim-2p2d")
-    without = prometheus_targets(without_the_door("sim-2p2d"), "sim-2p2d")
+    without = prometheus_targets(load_cluster_config(without_the_door(stack_values("sim-2p2d"))), "sim-2p2d")
     assert targets[:-3] == without[:-1]  # the master and every rank, unchanged
     assert router_targets(targets) == door_targets("sim-2p2d", "10.231.60.5", 29100,
                                                    {"a": 29001, "b": 29002}, rust=True)
