@@ -19,8 +19,12 @@ Prometheus exporter), each mode's healthy groups (rank 0 /health), and the engin
 
 from __future__ import annotations
 
+import argparse
+import http.client
+import json
 import os
 import re
+import sys
 import threading
 import time
 import urllib.request
@@ -107,10 +111,11 @@ def slot_states(metrics: str) -> dict[str, str]:
 
 
 def _get(url: str, timeout: float = 1.0) -> tuple[int, str]:
+    """(status, body); (0, "") for no answer or an error status."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
             return response.status, response.read().decode(errors="replace")
-    except OSError:
+    except (OSError, http.client.HTTPException):
         return 0, ""
 
 
@@ -372,15 +377,22 @@ def measure(work: Path, rate: float, plots: Path | None = None) -> dict[str, Any
                 act = (killed_and_healed(bench, name, probes, work)
                        if scenario == "slot-killed" else timed_up(stack))
                 row, timeline = run_scenario(f"{kind}: {SCENARIOS[scenario]}", probes, rate, act)
-                if plots is not None:
-                    row["plot"] = str(plots / f"b6-{kind}-{scenario}.png")
-                    draw(timeline, Path(row["plot"]))
-                kind_results["scenarios"][scenario] = row | {"timeline": asdict(timeline)}
                 log(f"B6 {kind} {scenario}: {row}")
+                kind_results["scenarios"][scenario] = row | {"timeline": asdict(timeline)}
             results["kinds"][kind] = kind_results
         finally:
             bench.drop(stack)
+    if plots is not None:
+        draw_timelines(results, plots)
     return results
+
+
+def draw_timelines(results: dict[str, Any], plots: Path) -> None:
+    """Each scenario's recorded timeline as PLOTS/b6-KIND-SCENARIO.png (its row's `plot`)."""
+    for kind, kind_results in results["kinds"].items():
+        for scenario, row in kind_results["scenarios"].items():
+            row["plot"] = str(plots / f"b6-{kind}-{scenario}.png")
+            draw(Timeline(**row["timeline"]), Path(row["plot"]))
 
 
 # -- the report -----------------------------------------------------------------------------------
@@ -443,3 +455,21 @@ def render(results: Mapping[str, Any]) -> str:
                      else where)
             lines.append(f"![{kind}, {SCENARIOS[scenario]}]({shown})")
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The table and the timelines again from a bench run's JSON (`scripts/bench --out`)."""
+    parser = argparse.ArgumentParser(prog="python -m bench.availability",
+                                     description=main.__doc__)
+    parser.add_argument("run", type=Path, help="the bench's JSON with B6 in it")
+    parser.add_argument("--plots", type=Path, default=REPO / "docs" / "bench",
+                        help="where to draw the timelines (default docs/bench)")
+    args = parser.parse_args(argv)
+    results = json.loads(args.run.read_text())["results"]["B6"]
+    draw_timelines(results, args.plots.resolve())
+    print(render(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -3,17 +3,21 @@ against a server on loopback: no sim, no engine."""
 
 from __future__ import annotations
 
+import copy
 import json
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import asdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from bench.availability import (KINDS, SCENARIOS, render, slot_states, summary, unit_of)
+from bench.availability import KINDS, SCENARIOS, render, slot_states, summary, unit_of
+from bench.availability import main as availability_main
 from bench.load import Answer, Load, generate, request_bytes
 from bench.timeline import Timeline, draw, per_second, unit_spans
 
@@ -106,18 +110,26 @@ def test_a_scenario_counts_failures_by_outcome_and_those_open_at_the_kill() -> N
     assert "open_at_kill" not in summary(answers, kill=None)
 
 
-def test_the_table_puts_rust_and_minilb_side_by_side() -> None:
+def b6_results() -> dict[str, Any]:
+    """B6's results as a run leaves them (figures made up), timelines included."""
     def row(failed: dict[str, int], **extra: object) -> dict[str, object]:
+        timeline = Timeline("made up", 2.0, requests=[(0.5, True), (1.5, False)],
+                            door=[(0.0, 2), (1.0, 1)], groups=[(0.0, 2, 2)])
         return {"sent": 300, "failed": failed, "p50": 1.02, "p99": 1.31, "wall_seconds": 41.4,
-                "fewest": {"slots_up": 1, "prefill": 1, "decode": 2}, **extra}
+                "fewest": {"slots_up": 1, "prefill": 1, "decode": 2},
+                "timeline": asdict(timeline), **extra}
 
     scenarios = {"router-flag": row({}), "every-container": row({"503": 3, "refused": 1}),
                  "slot-killed": row({"reset": 2}, open_at_kill=7, failed_open_at_kill=2,
                                     decision="healed: healed router-a in 30s")}
     overhead = {"door": {"sent": 300, "failed": 0, "p50": 0.0051, "p99": 0.0093},
                 "slot a": {"sent": 300, "failed": 1, "p50": 0.0047, "p99": 0.0088}}
-    table = render({"kinds": {kind: {"scenarios": scenarios, "overhead": overhead}
-                              for kind in KINDS}}).splitlines()
+    return {"rate": 10.0, "kinds": {kind: {"scenarios": copy.deepcopy(scenarios),
+                                           "overhead": overhead} for kind in KINDS}}
+
+
+def test_the_table_puts_rust_and_minilb_side_by_side() -> None:
+    table = render(b6_results()).splitlines()
     assert table[0] == "| scenario | measure | rust | mini-lb |"
     assert f"| {SCENARIOS['router-flag']} | sent | 300 | 300 |" in table
     assert "|  | failed (by status / error) | 4 (503: 3, refused: 1) | 4 (503: 3, refused: 1) |" \
@@ -126,6 +138,18 @@ def test_the_table_puts_rust_and_minilb_side_by_side() -> None:
     assert "|  | up (heal) s | 41 | 41 |" in table
     assert "|  | straight to slot a (300, alternating) | 4.7 / 8.8 (1 failed) | " \
            "4.7 / 8.8 (1 failed) |" in table
+    assert not [line for line in table if "open at the kill | -" in line]
+
+
+def test_a_saved_run_is_drawn_and_tabled_again(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    saved = tmp_path / "latest.json"
+    saved.write_text(json.dumps({"results": {"B6": b6_results()}}))
+    assert availability_main([str(saved), "--plots", str(tmp_path / "plots")]) == 0
+    drawn = sorted(path.name for path in (tmp_path / "plots").iterdir())
+    assert drawn == sorted(f"b6-{kind}-{scenario}.png" for kind in KINDS for scenario in SCENARIOS)
+    # Outside docs/ the image is named by its full path.
+    assert f"({tmp_path}/plots/b6-rust-router-flag.png)" in capsys.readouterr().out
 
 
 # -- the load, against a server on this machine's loopback ---------------------------------------
