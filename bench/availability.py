@@ -39,6 +39,11 @@ from typing import Any
 from pulumi import automation as auto
 
 from components.config import read_stack_file
+from ops.heal_policy import Limits
+from ops.reconcile import Reconciler, Settings
+from ops.remote import SshTransport
+from ops.stack import load_stack
+from ops.stack_engine import StackEngine
 from sim.automation import REPO
 from sim.cache import follow_cache
 
@@ -284,12 +289,6 @@ def killed_and_healed(bench: SimBench, name: str, probes: Probes,
                       work: Path) -> Callable[[Run], None]:
     """SIGKILL of slot a's router container, then one `kimipd reconcile` pass (no grace, no
     hands-off window after our own ups), as the test of the door does it."""
-    from ops.heal_policy import Limits
-    from ops.reconcile import Reconciler, Settings
-    from ops.remote import SshTransport
-    from ops.stack import load_stack
-    from ops.stack_engine import StackEngine
-
     container = probes.slots["a"]["container"]
 
     def act(run: Run) -> None:
