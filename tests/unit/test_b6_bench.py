@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from bench.availability import KINDS, SCENARIOS, render, slot_states, summary, unit_of
+from bench import availability
 from bench.availability import main as availability_main
 from bench.load import Answer, Load, generate, request_bytes
 from bench.timeline import Timeline, draw, per_second, unit_spans
@@ -245,3 +246,51 @@ def test_a_refused_connection_is_named() -> None:
         port = closed.getsockname()[1]
     got = generate(f"http://127.0.0.1:{port}", None, tokens=1, streamed=False, timeout=5)
     assert (got.status, got.outcome, got.ok) == (0, "refused", False)
+
+
+class Cluster(BaseHTTPRequestHandler):
+    """The door's exporter (slot b DRAIN), every group's /health and /generate, on one port."""
+
+    def do_GET(self) -> None:
+        body = (b'haproxy_server_status{proxy="slots",server="slot-a",state="UP"} 1\n'
+                b'haproxy_server_status{proxy="slots",server="slot-b",state="DRAIN"} 1\n'
+                if self.path == "/metrics" else b"")
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_POST = Generate.do_POST
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+def test_a_scenario_records_the_load_the_door_and_the_groups_while_it_acts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(availability, "LEAD_SECONDS", 0.3)
+    monkeypatch.setattr(availability, "API_KEY", "key")
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Cluster)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    groups = {name: {**spec, "endpoint": url} for name, spec in GROUPS.items()}
+    probes = availability.Probes(url, "127.0.0.1", url + "/metrics", {}, groups)
+
+    def act(run: availability.Run) -> None:
+        started = run.mark("up started")
+        time.sleep(1.2)
+        run.wall = run.mark("up done") - started
+
+    try:
+        row, timeline = availability.run_scenario("made up", probes, 10.0, act)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert row["sent"] >= 10 and row["failed"] == {}, row
+    assert row["wall_seconds"] == pytest.approx(1.2, abs=0.2)
+    assert row["fewest"] == {"slots_up": 1, "prefill": 1, "decode": 1}
+    assert [what for _, what in timeline.events] == ["up started", "up done"]
+    assert timeline.events[0][0] == pytest.approx(0.3, abs=0.15)
+    assert len(timeline.door) >= 3 and {up for _, up in timeline.door} == {1}
+    assert {(p, d) for _, p, d in timeline.groups} == {(1, 1)}
+    assert 1.5 <= timeline.seconds < 3 and len(timeline.requests) == row["sent"]
