@@ -45,9 +45,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="B1's start orders (default both)")
     parser.add_argument("--sizes", default="8,16,32,64",
                         help="B4's node counts (default 8,16,32,64)")
-    parser.add_argument("--rate", type=float, default=20.0,
+    parser.add_argument("--rate", type=float, default=None,
                         help="B6's and B7's load, requests per second through the router "
-                             "(default 20)")
+                             "(default: B6 10, every other one streamed; B7 20)")
+    parser.add_argument("--plots", type=Path, default=REPO / "docs" / "bench",
+                        help="where B6 draws its timelines, b6-KIND-SCENARIO.png (default "
+                             "docs/bench)")
     args = parser.parse_args(argv)
     args.only = {part.strip().upper() for part in args.only.split(",") if part.strip()}
     unknown = args.only - set(ALL)
@@ -84,21 +87,26 @@ def main(argv: list[str] | None = None) -> int:
     # Benches under load, each with a table of its own.
     from . import availability, security
 
-    for name, bench, what in (
-            ("B6", availability, "through the router during each up"),
-            ("B7", security, "for 30 s through the router, per setting")):
+    benches = {
+        "B6": (args.rate or 10.0, "through the door during each change, half streamed",
+               availability.render,
+               lambda work, rate: availability.measure(work, rate, args.plots.resolve())),
+        "B7": (args.rate or 20.0, "for 30 s through the router, per setting", security.render,
+               security.measure),
+    }
+    for name, (rate, what, render_table, measure_load) in benches.items():
         if name not in args.only:
             continue
         from .sim_bench import SimUnavailable
 
         with tempfile.TemporaryDirectory(prefix=f"kimipd-bench-{name.lower()}-") as work:
             try:
-                results[name] = bench.measure(Path(work), args.rate)
+                results[name] = measure_load(Path(work), rate)
             except SimUnavailable as error:
                 print(f"bench: {error}", file=sys.stderr)
                 return 1
-        print(f"{name}: {args.rate:g} requests/s {what}")
-        print(bench.render(results[name]))
+        print(f"{name}: {rate:g} requests/s {what}")
+        print(render_table(results[name]))
     rows = table_rows({k: v for k, v in results.items() if k not in ("B6", "B7")},
                       args.load_seconds)
     machine = f"{platform.node()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"

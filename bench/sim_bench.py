@@ -91,6 +91,15 @@ class SimBench:
                 times[milestone] = docker_time(hit.split(" ", 1)[0])
         return times
 
+    def door_image(self) -> str:
+        """The door's image (HAProxy from Debian's package), pinned: `sim/sim build-door-image`
+        builds it once per its inputs and prints REPO@DIGEST."""
+        result = subprocess.run([str(SIM), "build-door-image"], capture_output=True, text=True,
+                                timeout=900, check=False)
+        if result.returncode != 0 or not result.stdout.strip():
+            raise SimUnavailable(f"sim/sim build-door-image failed:\n{result.stderr[-3000:]}")
+        return result.stdout.strip().splitlines()[-1]
+
     def remove_containers(self) -> None:
         for node in NODES:
             self.ssh(node, "ids=$(docker ps -aq --filter label=kimipd.role); "

@@ -13,7 +13,7 @@ import json
 import os
 import runpy
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import chdir
 from pathlib import Path
 from typing import Any
@@ -107,8 +107,12 @@ class _Workspace(auto.LocalWorkspace):
 
 
 class StackEngine:
-    def __init__(self, stack: str, project_dir: Path) -> None:
+    def __init__(self, stack: str, project_dir: Path,
+                 on_event: Callable[[auto.EngineEvent], None] | None = None) -> None:
+        """ON_EVENT also sees every engine event of a heal's refresh and up (the bench draws
+        them, bench/availability.py)."""
         self.project_dir = project_dir.resolve()
+        self.on_event = on_event
         self.project = yaml.safe_load((self.project_dir / "Pulumi.yaml").read_text())["name"]
         workspace = _Workspace(work_dir=str(self.project_dir), program=self._program)
         self.stack = auto.Stack.select(stack, workspace)
@@ -145,9 +149,15 @@ class StackEngine:
         replaced whole, gated, admitted, smoke-tested). Returns up's step counts; a failure
         raises HealFailed with the resources that failed and their error lines."""
         events: list[auto.EngineEvent] = []
+
+        def seen(event: auto.EngineEvent) -> None:
+            events.append(event)
+            if self.on_event is not None:
+                self.on_event(event)
+
         try:
-            self.stack.refresh(message=message, show_secrets=False, on_event=events.append)
-            result = self.stack.up(message=message, show_secrets=False, on_event=events.append)
+            self.stack.refresh(message=message, show_secrets=False, on_event=seen)
+            result = self.stack.up(message=message, show_secrets=False, on_event=seen)
         except auto.ConcurrentUpdateError as error:
             raise StackLocked(str(error).strip().splitlines()[-1][:300]) from None
         except auto.CommandError as error:

@@ -4,7 +4,6 @@ the engine's events and of the nodes' containers."""
 from __future__ import annotations
 
 import copy
-from collections import Counter
 import json
 import os
 import subprocess
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 from pulumi import automation as auto
 
+from bench.load import Load
 from sim.automation import REQUIRED_PLUGINS, Project, engine_env, installed_plugins
 from tests.conftest import REPO, stack_values
 from tests.integration.sim import SimCluster, start_sim, stop_sim
@@ -258,61 +258,10 @@ def up_under_load(stack: auto.Stack, what: str) -> tuple[Events, list[int]]:
     return events, results
 
 
-class StreamingLoad:
-    """RATE requests per second through the door until stopped, every other one streamed
-    (`"stream": true`, read to `data: [DONE]`): each result is (sent, status, complete), where
-    complete means a whole answer (a stream cut under its 200 is a failure)."""
+class StreamingLoad(Load):
+    """bench/load.py's load through the door with the tests' key: RATE requests per second,
+    every other one streamed, TOKENS tokens each; `results` are its Answers in the order sent
+    (`failed(since)`: those without a whole answer, a stream cut under its 200 included)."""
 
     def __init__(self, rate: float = 10.0, url: str = ROUTER, tokens: int = 26) -> None:
-        self.rate, self.url, self.tokens = rate, url, tokens
-        self.results: list[tuple[float, int, bool]] = []
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
-        self._clock = threading.Thread(target=self._run, daemon=True)
-
-    def _one(self, streamed: bool) -> None:
-        body = json.dumps({"text": "load", "stream": streamed,
-                           "sampling_params": {"max_new_tokens": self.tokens}}).encode()
-        request = urllib.request.Request(self.url + "/generate", data=body, headers={
-            "Content-Type": "application/json", **AUTHORIZED})
-        sent, status, complete = time.monotonic(), 0, False
-        try:
-            with urllib.request.urlopen(request, timeout=60) as response:
-                status = response.status
-                text = response.read().decode(errors="replace")
-                complete = "data: [DONE]" in text if streamed else '"text"' in text
-        except urllib.error.HTTPError as failure:
-            status = failure.code
-        except (OSError, ValueError):
-            pass
-        with self._lock:
-            self.results.append((sent, status, complete))
-
-    def _run(self) -> None:
-        interval, next_at, count = 1.0 / self.rate, time.monotonic(), 0
-        while not self._stop.is_set():
-            thread = threading.Thread(target=self._one, args=(count % 2 == 1,), daemon=True)
-            thread.start()
-            self._threads.append(thread)
-            count += 1
-            next_at += interval
-            time.sleep(max(0.0, next_at - time.monotonic()))
-
-    def failed(self, since: float = 0.0) -> list[tuple[float, int, bool]]:
-        return [r for r in self.results if r[0] >= since and not (r[1] == 200 and r[2])]
-
-    def __enter__(self) -> StreamingLoad:
-        self._clock.start()
-        return self
-
-    def __exit__(self, *_) -> None:
-        self._stop.set()
-        self._clock.join()
-        for thread in self._threads:
-            thread.join(90)
-
-    def summary(self, what: str) -> str:
-        statuses = Counter(status for _, status, complete in self.failed())
-        return (f"{what}: {len(self.results)} requests (half streamed), "
-                f"{len(self.failed())} failed {dict(statuses) or ''}")
+        super().__init__(rate, url, ROUTER_API_KEY, tokens=tokens)

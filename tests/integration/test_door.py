@@ -169,7 +169,7 @@ def test_a_killed_slot_costs_only_its_open_requests_and_heals_alone(
         # there); only what slot a had open when it died could be lost: those open before the
         # `docker kill` (over SSH) and those sent while it ran.
         after_kill = load.failed(since=killed_at)
-        sent_while_killing = [r for r in load.results if kill_sent <= r[0] < killed_at]
+        sent_while_killing = [r for r in load.results if kill_sent <= r.sent < killed_at]
         servers = door_servers(sim)
     print(load.summary("SIGKILL of slot a") + f"; {open_on_a} open on slot a before the kill, "
           f"{len(sent_while_killing)} sent during its {killed_at - kill_sent:.2f}s")
@@ -281,7 +281,7 @@ def test_every_decode_group_killed_heals_with_no_person(
         watcher.wait(300)
     failed = load.failed(since=killed)
     # Serving again: from the last request that failed on, every one is answered whole.
-    back = (max(r[0] for r in failed) - killed + 0.1) if failed else 0.0
+    back = (max(r.sent for r in failed) - killed + 0.1) if failed else 0.0
     print(load.summary("every decode group killed") + f"; serving again {back:.1f}s after the "
           f"kill (both groups healthy in both slots at {in_slots:.1f}s), "
           f"{len(failed)} failed after the kill")

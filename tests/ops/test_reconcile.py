@@ -19,7 +19,8 @@ from components.config import VerificationSpec
 from ops.heal_policy import MESSAGE_PREFIX, REFUSED, SERVING, WAITING, Limits, UpdateEntry
 from ops.reconcile import MetricsEndpoint, ReconcileMetrics, Reconciler, Settings, load_memory
 from ops.stack import Access, Stack, StackError, Topology
-from ops.stack_engine import HealFailed, StackLocked, config_fingerprint, file_backend_locks
+from ops.stack_engine import (HealFailed, StackEngine, StackLocked, config_fingerprint,
+                               file_backend_locks)
 from tests.ops.loopback import free_port
 from tests.unit.test_heal_policy import report, row
 
@@ -306,3 +307,26 @@ def test_a_pass_that_breaks_is_logged_and_the_next_one_runs(tmp_path) -> None:
     assert "preview failed" in h.lines()[-1]["error"]
     h.engine.pending_steps = lambda: {}
     assert h.run(1).kind == "healed"
+
+
+def test_a_heals_refresh_and_up_events_also_reach_its_observer() -> None:
+    class Stack:
+        def refresh(self, on_event, **_):
+            on_event("refresh event")
+
+        def up(self, on_event, **_):
+            on_event("up event")
+
+            class Summary:
+                resource_changes = {"replace": 1, "same": 9}
+
+            class Result:
+                summary = Summary()
+            return Result()
+
+    seen: list[str] = []
+    # Without its constructor: no CLI, no workspace; the stack is the stand-in above.
+    engine = StackEngine.__new__(StackEngine)
+    engine.stack, engine.on_event = Stack(), seen.append
+    assert engine.heal("kimipd reconcile: heal router-a") == {"replace": 1, "same": 9}
+    assert seen == ["refresh event", "up event"]
