@@ -7,7 +7,8 @@ never `pulumi.Config`. Where to look:
   `cluster_config.py`: ClusterConfig, which holds them, and its derived views;
 - `rules/`: every check across fields, one module per family: `runbook.py` (the runbook's hard
   rules), `topology.py` (nodes, groups, GPUs), `ports.py`, `files.py` (node files, mounts, the
-  model path), `extra_args.py` (extraArgs against the real option tables), `router.py`, `gates.py`;
+  model path), `extra_args.py` (extraArgs against the real option tables), `router.py`,
+  `door.py` (the door on two nodes and its virtual IP), `gates.py`;
 - `grammars.py`: values docker and ssh accept (image references, host keys, ulimits);
 - `messages.py`: pydantic's errors turned into key, value and fix; `load.py`: stack files;
 - `warnings.py`: what preview warns about.

@@ -112,6 +112,26 @@ class ClusterConfig(Model):
         return ["door", *(f"router-{name}" for name in SLOT_NAMES)]
 
     @property
+    def door_nodes(self) -> list[str]:
+        """The nodes a door stands on: none, router.node, or router.door.nodes (two, one of
+        them router.node)."""
+        door = self.router.door
+        if door is None:
+            return []
+        return list(door.nodes) if door.nodes is not None else [self.router.node]
+
+    def door_peer(self, address: str) -> str | None:
+        """The other door node, when the door stands on two and a virtual IP moves between
+        them: the only node whose VRRP this one accepts."""
+        door = self.router.door
+        if door is None or door.nodes is None or door.virtual_ip is None:
+            return None
+        if address not in door.nodes:
+            return None
+        others = [node for node in door.nodes if node != address]
+        return others[0] if others else None
+
+    @property
     def out_nodes(self) -> list[str]:
         """The nodes taken out of service (`nodes[].out`), in declaration order."""
         return [node.address for node in self.nodes if node.out]

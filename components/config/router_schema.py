@@ -1,8 +1,10 @@
 """The router's section of a stack file: the router itself, and the door (HAProxy in front of
-two router slots) with its TLS."""
+two router slots) with its TLS and, on two nodes, its virtual IP."""
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -43,6 +45,56 @@ class DoorTlsSpec(Model):
         return value
 
 
+# What Linux takes for an interface name (dev_valid_name): 1-15 characters, no `/`, `:` or space.
+_INTERFACE_NAME = re.compile(r"[^/:\s]{1,15}")
+
+
+class VirtualIpSpec(Model):
+    """The address clients use when the door stands on two nodes: one of them holds it at a time
+    (VRRP, keepalived), and the other takes it when the holder or its door is lost
+    (docs/door.md)."""
+
+    address: str
+    # Where the address is added and VRRP is spoken; unset: network.computeInterface, the one
+    # the nodes' addresses are on.
+    interface: str | None = None
+    # The mask the address gets. 32 (the default) adds no route and never becomes the
+    # interface's primary address; shorter, the nodes must be inside it.
+    prefix_length: int = Field(default=32, ge=8, le=32)
+    # VRRP's virtual router id, 1-255; unique among the VRRP routers of the network segment.
+    vrid: int = Field(default=51, ge=1, le=255)
+    # How often the holder says so; the other node takes over after about 3.5 of them without
+    # an advert (VRRPv3: a multiple of 10 ms; docs/decisions.md says why 100 ms).
+    advert_interval_ms: int = Field(default=100, ge=10, le=40950)
+
+    @field_validator("address")
+    @classmethod
+    def _ipv4(cls, value: str) -> str:
+        try:
+            ipaddress.IPv4Address(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not an IPv4 address; write a free address on the "
+                             "door nodes' network, e.g. 174.1.60.100") from None
+        return value
+
+    @field_validator("interface")
+    @classmethod
+    def _interface_name(cls, value: str | None) -> str | None:
+        if value is not None and not _INTERFACE_NAME.fullmatch(value):
+            raise ValueError(f"{value!r} is not a network interface name (1-15 characters, no "
+                             "`/`, `:` or space); write it as `ip link` shows it, e.g. bond1, or "
+                             "leave it unset for network.computeInterface")
+        return value
+
+    @field_validator("advert_interval_ms")
+    @classmethod
+    def _centiseconds(cls, value: int) -> int:
+        if value % 10:
+            raise ValueError(f"{value} ms is not a whole number of centiseconds, the unit VRRPv3 "
+                             f"carries; write {max(10, round(value, -1))}")
+        return value
+
+
 class DoorSpec(Model):
     """HAProxy on the router's node owns router.port in front of two router slots, so a router
     replaced or dead costs no request (docs/door.md)."""
@@ -60,6 +112,10 @@ class DoorSpec(Model):
                  RouterSlotSpec(port=31002, metrics_port=29002)],
         min_length=2, max_length=2)
     tls: DoorTlsSpec | None = None
+    # Unset: the door stands on router.node alone. Two addresses (router.node and one more
+    # member): a door and a router slot on each, and virtualIp moves between them.
+    nodes: list[str] | None = Field(default=None, min_length=2, max_length=2)
+    virtual_ip: VirtualIpSpec | None = None
 
     @field_validator("image")
     @classmethod

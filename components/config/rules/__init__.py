@@ -4,6 +4,7 @@ A message names the key, the value, the reason and the fix. RULES is the order t
 are reported in (the model validator of ClusterConfig runs them all and reports every problem).
 """
 
+from .door import door_nodes_are_members, virtual_ip_is_free
 from .extra_args import extra_args_parse, tokenizer_workers_with_keys
 from .firewall import open_ports_serve_nothing
 from .files import model_reachable, mount_points_distinct, node_files_distinct
@@ -36,6 +37,8 @@ RULES = (
     mooncake_new_enough,
     router_policy,
     rust_only_keys,
+    door_nodes_are_members,
+    virtual_ip_is_free,
     ports_do_not_collide,
     node_files_distinct,
     gate_polls_twice,
