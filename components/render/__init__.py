@@ -5,7 +5,8 @@ and what runs on a node, so a reviewer reads these files to see exactly what wil
 target SGLang 0.5.19 (`python/sglang/srt/server_args.py`) and sglang-router 0.3.2. One module per
 thing rendered: `sglang.py`, `router.py` (and the smoke test), `mooncake_master.py`,
 `node_scripts.py` (preflight, gates, image check), `node_files.py` (launch.sh's installs, the
-prepared image), `prometheus.py`, `firewall.py` (each node's nftables table);
+prepared image), `prometheus.py`, `firewall.py` (each node's nftables table), `keepalived.py`
+(the door's virtual IP on two nodes);
 `container_plan.py` is what docker is told about any container
 and `layout.py` where things live on a node.
 """
@@ -16,6 +17,8 @@ from .door import (DOOR, door_admin_socket, door_ca_file, door_haproxy_config, d
                    slot_url, write_door_config_command, write_door_tls_command)
 from .firewall import (firewall_apply_command, firewall_remove_command, firewall_ruleset,
                        firewall_table)
+from .keepalived import (door_check_file, keepalived_config, keepalived_config_file,
+                         virtual_ip_dir)
 from .layout import MOONCAKE_MASTER, NODE_ASSET_DIR, NODE_SCRIPTS, ROUTER, rank_role
 from .membership import (admit_command, drain_command, restore_command, router_ready_command,
                          slot_admit_command, slot_drain_command, slot_unwant_command,
@@ -77,6 +80,10 @@ __all__ = [
     "firewall_remove_command",
     "firewall_ruleset",
     "firewall_table",
+    "door_check_file",
+    "keepalived_config",
+    "keepalived_config_file",
+    "virtual_ip_dir",
     "group_endpoint",
     "image_env_check_command",
     "mooncake_master_address",

@@ -1,11 +1,17 @@
-"""The door on two nodes: its virtual IP in the model."""
+"""The door on two nodes: its virtual IP in the model, and keepalived's configuration."""
 
 from __future__ import annotations
 
 import copy
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from components.config import ConfigError, load_cluster_config
+from components.render.keepalived import (advert_interval, door_check_file, keepalived_config,
+                                          keepalived_config_file)
 
 VIP = "174.1.60.100"
 
@@ -24,6 +30,10 @@ def refusal(values: dict, **door) -> str:
     with pytest.raises(ConfigError) as refused:
         load_cluster_config(values)
     return str(refused.value)
+
+
+def lines(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines()]
 
 
 def test_the_door_stands_on_two_nodes_each_the_others_only_peer(pro6000: dict) -> None:
@@ -45,6 +55,8 @@ def test_one_door_node_is_as_before() -> None:
     cfg = load_cluster_config(stack_values("pro6000"))
     assert cfg.door_nodes == ["174.1.60.5"]
     assert cfg.door_peer("174.1.60.5") is None
+    with pytest.raises(ValueError, match="router.door.virtualIp is not set"):
+        keepalived_config(cfg, "174.1.60.5")
 
 
 def test_nodes_and_virtual_ip_come_together(pro6000: dict) -> None:
@@ -99,3 +111,88 @@ def test_a_virtual_ip_value_keepalived_would_refuse_is_refused_by_its_key(pro600
     assert "router.door.virtualIp.vrid: 256" in message
     message = refusal(pro6000, virtualIp={"address": VIP, "advertInterval": 100})
     assert "router.door.virtualIp.advertInterval: unknown key" in message
+
+
+def test_advert_interval_is_written_in_seconds() -> None:
+    assert [advert_interval(ms) for ms in (10, 100, 250, 1000, 1500, 40950)] == [
+        "0.01", "0.1", "0.25", "1", "1.5", "40.95"]
+
+
+def test_keepalived_speaks_unicast_to_the_other_door_node_and_never_preempts(
+        pro6000: dict) -> None:
+    cfg = load_cluster_config(pro6000)
+    router_node = lines(keepalived_config(cfg, "174.1.60.5"))
+    other = lines(keepalived_config(cfg, "174.1.60.6"))
+    for mine, peer, conf in (("174.1.60.5", "174.1.60.6", router_node),
+                             ("174.1.60.6", "174.1.60.5", other)):
+        start = conf.index("vrrp_instance door {")
+        instance = conf[start:conf.index("}", conf.index("track_file {", start)) + 2]
+        assert instance[:3] == ["vrrp_instance door {", "state BACKUP", "nopreempt"]
+        assert f"unicast_src_ip {mine}" in instance
+        assert instance[instance.index("unicast_peer {") + 1] == peer
+        assert "check_unicast_src" in instance
+        assert f"{VIP}/32 dev bond1" in instance
+        assert "advert_int 0.1" in instance and "virtual_router_id 51" in instance
+        assert "vrrp_version 3" in conf
+        # No authentication block: VRRPv3 has none; the firewall guards the address.
+        assert not [line for line in conf if line.startswith(("authentication", "auth_"))]
+        assert f"accepts VRRP from {peer} only, and check_unicast_src refuses any other " \
+               "source." in " ".join(conf)
+    # The first election, when both start together, goes to router.node; nopreempt keeps it
+    # wherever it is afterwards.
+    assert "priority 150" in router_node and "priority 100" in other
+
+
+def test_the_doors_health_puts_the_instance_in_fault(pro6000: dict) -> None:
+    """A track file at weight 0: anything but 0 is FAULT, which gives the address up at once
+    (a lower priority would not move it: a nopreempt backup does not take over from a master
+    of lower priority). Down until the check loop has written it."""
+    cfg = load_cluster_config(pro6000)
+    conf = lines(keepalived_config(cfg, "174.1.60.6"))
+    start = conf.index("track_file door_down {")
+    assert conf[start + 1:start + 5] == [
+        f'file "{door_check_file(cfg)}"', "weight 0",
+        "# Down until the check loop has seen the door answer: a node without one never "
+        "takes it.", "init_file 1 overwrite"]
+    assert door_check_file(cfg) == "/opt/kimipd/router-31000/vip/door-down"
+    assert keepalived_config_file(cfg) == "/opt/kimipd/router-31000/vip/keepalived.conf"
+    assert conf[conf.index("track_file {") + 1] == "door_down"
+
+
+def test_interface_and_mask_as_configured(pro6000: dict) -> None:
+    pro6000["router"]["door"]["virtualIp"] = {"address": VIP, "interface": "eth2",
+                                              "prefixLength": 24, "vrid": 7,
+                                              "advertIntervalMs": 250}
+    conf = lines(keepalived_config(load_cluster_config(pro6000), "174.1.60.5"))
+    assert "interface eth2" in conf and f"{VIP}/24 dev eth2" in conf
+    assert "virtual_router_id 7" in conf and "advert_int 0.25" in conf
+    pro6000["network"] = {"computeInterface": "ens1f0"}
+    pro6000["router"]["door"]["virtualIp"] = {"address": VIP}
+    assert "interface ens1f0" in lines(keepalived_config(load_cluster_config(pro6000),
+                                                         "174.1.60.5"))
+
+
+def _an_interface_here() -> str | None:
+    """keepalived -t refuses an interface this machine lacks (bond1 on a test machine)."""
+    names = sorted(path.name for path in Path("/sys/class/net").iterdir() if path.name != "lo")
+    return names[0] if names else None
+
+
+@pytest.mark.skipif(shutil.which("keepalived") is None,
+                    reason="keepalived (Debian's package) not installed")
+def test_keepalived_accepts_every_rendered_config(pro6000: dict, tmp_path: Path) -> None:
+    """`keepalived -t` (2.2.7: exit 0, or the first problem and a non-zero exit) parses the
+    file as the node's keepalived would; an interface of this machine stands in for bond1."""
+    interface = _an_interface_here()
+    if interface is None:
+        pytest.skip("no network interface but lo here")
+    for virtual_ip in ({"address": VIP}, {"address": VIP, "prefixLength": 24, "vrid": 255,
+                                          "advertIntervalMs": 10}):
+        pro6000["router"]["door"]["virtualIp"] = virtual_ip | {"interface": interface}
+        cfg = load_cluster_config(pro6000)
+        for address in cfg.door_nodes:
+            conf = tmp_path / f"keepalived-{address}.conf"
+            conf.write_text(keepalived_config(cfg, address))
+            check = subprocess.run(["keepalived", "-t", "-f", str(conf)], capture_output=True,
+                                   text=True, check=False, timeout=30)
+            assert check.returncode == 0, f"{address} {virtual_ip}: {check.stderr}"

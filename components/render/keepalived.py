@@ -1,0 +1,108 @@
+"""The door's virtual IP: keepalived's configuration for one of the two door nodes.
+
+keepalived 2.2.7 (Debian 12's package) speaks VRRPv3 by unicast to the other door node alone;
+both start as BACKUP with `nopreempt`, so a node that comes back never takes the address from
+the one serving. The local door's health arrives through a track file that a check loop beside
+keepalived writes every interval (`vrrp_script` runs at most once a second, and
+`vrrp_track_process` needs the host's network namespace): 0 is healthy, anything else puts the
+instance in FAULT, which gives the address up at once. Priority cannot do it: with `nopreempt`
+a backup never takes over from a master of lower priority.
+
+VRRPv3 has no authentication (VRRPv2's password travels in clear). What keeps a stranger from
+moving the address is each door node's nftables table, which accepts VRRP from the other door
+node only (firewall.py); `check_unicast_src` is keepalived's own second check. docs/door.md.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from ..config import ClusterConfig
+from ..config.router_schema import VirtualIpSpec
+from .firewall import firewall_table
+from .layout import router_state_dir
+
+# The instance's name in keepalived's log and state; one per door (one router port per node).
+INSTANCE = "door"
+# Only decides the first election when both start together (and which master stays when a
+# partition heals); afterwards `nopreempt` keeps the address where it is.
+ROUTER_NODE_PRIORITY = 150
+OTHER_NODE_PRIORITY = 100
+
+
+def virtual_ip_spec(cfg: ClusterConfig) -> VirtualIpSpec:
+    door = cfg.router.door
+    if door is None or door.virtual_ip is None:
+        raise ValueError("router.door.virtualIp is not set")
+    return door.virtual_ip
+
+
+def virtual_ip_dir(cfg: ClusterConfig | int) -> str:
+    """keepalived's directory on each door node: its configuration and the door's check file.
+    CFG or router.port."""
+    return f"{router_state_dir(cfg)}/vip"
+
+
+def keepalived_config_file(cfg: ClusterConfig) -> str:
+    return f"{virtual_ip_dir(cfg)}/keepalived.conf"
+
+
+def door_check_file(cfg: ClusterConfig) -> str:
+    """What the check loop writes: 0 while the local door answers /health, 1 otherwise."""
+    return f"{virtual_ip_dir(cfg)}/door-down"
+
+
+def virtual_ip_interface(cfg: ClusterConfig) -> str:
+    return virtual_ip_spec(cfg).interface or cfg.network.compute_interface
+
+
+def advert_interval(milliseconds: int) -> str:
+    """keepalived's `advert_int`, in seconds: 100 -> 0.1, 1000 -> 1."""
+    seconds = Decimal(milliseconds) / 1000
+    return format(seconds.normalize(), "f")
+
+
+def keepalived_config(cfg: ClusterConfig, address: str) -> str:
+    """keepalived.conf for the door node ADDRESS."""
+    vip = virtual_ip_spec(cfg)
+    peer = cfg.door_peer(address)
+    if peer is None:
+        raise ValueError(f"{address} is not one of router.door.nodes {cfg.door_nodes}")
+    interface = virtual_ip_interface(cfg)
+    priority = ROUTER_NODE_PRIORITY if address == cfg.router.node else OTHER_NODE_PRIORITY
+    return f"""\
+# kimipd: the door's virtual IP {vip.address} on {address}; the other door node is {peer}.
+# No VRRP authentication (VRRPv3 has none): the nftables table inet {firewall_table(cfg)}
+# accepts VRRP from {peer} only, and check_unicast_src refuses any other source.
+global_defs {{
+    router_id kimipd-door-{address}
+    vrrp_version 3
+}}
+
+track_file door_down {{
+    file "{door_check_file(cfg)}"
+    weight 0
+    # Down until the check loop has seen the door answer: a node without one never takes it.
+    init_file 1 overwrite
+}}
+
+vrrp_instance {INSTANCE} {{
+    state BACKUP
+    nopreempt
+    interface {interface}
+    virtual_router_id {vip.vrid}
+    priority {priority}
+    advert_int {advert_interval(vip.advert_interval_ms)}
+    unicast_src_ip {address}
+    unicast_peer {{
+        {peer}
+    }}
+    check_unicast_src
+    virtual_ipaddress {{
+        {vip.address}/{vip.prefix_length} dev {interface}
+    }}
+    track_file {{
+        door_down
+    }}
+}}
+"""
