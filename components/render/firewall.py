@@ -5,8 +5,11 @@ anyone else only SSH, the router's port (from `firewall.clientNetworks`), the me
 `firewall.monitoringHosts`) and `firewall.openPorts`; any other TCP connection is refused with a
 reset. It decides by source, not by a list of serving ports: NCCL, Gloo, the KV transfer and
 SGLang's ZMQ sockets pick ports at run time that no list could name. UDP is left alone (nothing
-here serves on it; DHCP and the node's own services do). The table is the program's own
-(`inet kimipd_PORT`, by router port like the router's state directory): no other table, chain
+here serves on it; DHCP and the node's own services do). On the two door nodes of a virtual IP,
+VRRP (IP protocol 112, which the TCP reset never touches) is accepted from the other door node
+only and dropped from anyone else, members included: VRRPv3 has no authentication, so this is
+what keeps a stranger from moving the address (docs/vrrp-trial.md). The table is the program's
+own (`inet kimipd_PORT`, by router port like the router's state directory): no other table, chain
 or rule on the node is read or changed (docs/decisions.md).
 """
 
@@ -75,7 +78,7 @@ def _summary(cfg: ClusterConfig, address: str, members: tuple[str, ...],
     value by its first lines only."""
     spec = cfg.firewall
     others = [f"tcp {','.join(map(str, ssh_ports))} (SSH) from anyone"]
-    if address == cfg.router.node:
+    if address in _router_port_nodes(cfg):
         others.append(f"{cfg.router.port} (router) from {', '.join(spec.client_networks)}")
     metrics = cfg.metrics_ports_on(address)
     if metrics and spec.monitoring_hosts:
@@ -85,8 +88,24 @@ def _summary(cfg: ClusterConfig, address: str, members: tuple[str, ...],
         others.append(f"{','.join(map(str, sorted(set(spec.open_ports))))} (openPorts) "
                       "from anyone")
     trusted = [*members, *spec.operator_hosts]
+    peer = cfg.door_peer(address)
+    vrrp = f"; VRRP from {peer} (the other door node) only" if peer is not None else ""
     return [f"# kimipd firewall on {address}: every port from {', '.join(trusted)}",
-            f"# from anyone else only {'; '.join(others)}; any other TCP: reset"]
+            f"# from anyone else only {'; '.join(others)}; any other TCP: reset{vrrp}"]
+
+
+def _router_port_nodes(cfg: ClusterConfig) -> list[str]:
+    """Where clients reach router.port: the door's nodes (the virtual IP lands on either), or
+    the router's."""
+    return cfg.door_nodes or [cfg.router.node]
+
+
+def _vrrp_rules(peer: str | None) -> list[str]:
+    """The virtual IP's guard: VRRP from the other door node, and from nobody else. Before the
+    members' accept: another member's adverts would move the address as well as a stranger's."""
+    if peer is None:
+        return []
+    return [f"ip saddr {peer} ip protocol vrrp accept", "meta l4proto vrrp drop"]
 
 
 def firewall_ruleset(cfg: ClusterConfig, address: str) -> str:
@@ -98,6 +117,7 @@ def firewall_ruleset(cfg: ClusterConfig, address: str) -> str:
     ssh_ports = sorted({node.ssh_port for node in cfg.nodes})
     rules = [
         'iif "lo" accept',
+        *_vrrp_rules(cfg.door_peer(address)),
         "ct state established,related accept",
         "meta l4proto { icmp, ipv6-icmp } accept",
         # Members: every port, including those picked at run time.
@@ -106,7 +126,7 @@ def firewall_ruleset(cfg: ClusterConfig, address: str) -> str:
         # Never closed: the program and the operator reach the nodes over it.
         f"tcp dport {_elements(ssh_ports)} accept",
     ]
-    if address == cfg.router.node:
+    if address in _router_port_nodes(cfg):
         rules += _from(tuple(spec.client_networks), f"tcp dport {cfg.router.port} accept")
     metrics_ports = cfg.metrics_ports_on(address)
     if metrics_ports:

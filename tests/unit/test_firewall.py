@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import shutil
 import subprocess
 
@@ -62,6 +63,40 @@ def test_monitoring_hosts_reach_the_metrics_ports_of_each_node(pro6000: dict) ->
     assert not [line for line in router_node if "::/0" in line]
 
 
+def door_on_two_nodes(values: dict) -> dict:
+    """The door on pro6000's router node (174.1.60.5) and 174.1.60.6, its virtual IP between."""
+    values["router"]["door"] |= {"nodes": ["174.1.60.5", "174.1.60.6"],
+                                 "virtualIp": {"address": "174.1.60.100"}}
+    return values
+
+
+def test_vrrp_only_from_the_other_door_node(pro6000: dict) -> None:
+    """VRRPv3 has no authentication: the table is what keeps a stranger (or another member)
+    from moving the virtual IP. Dropped before the members' accept and the TCP-only reset, which
+    would let it through (docs/vrrp-trial.md)."""
+    config = load_cluster_config(door_on_two_nodes(pro6000))
+    for address, peer in (("174.1.60.5", "174.1.60.6"), ("174.1.60.6", "174.1.60.5")):
+        door = rules(config, address)
+        assert door[door.index('iif "lo" accept') + 1:][:3] == [
+            f"ip saddr {peer} ip protocol vrrp accept", "meta l4proto vrrp drop",
+            "ct state established,related accept"]
+        members = ", ".join(f"174.1.60.{n}" for n in range(1, 9))
+        assert door.index("meta l4proto vrrp drop") < door.index(
+            f"ip saddr {{ {members} }} accept")
+        # Clients reach the door on either node: the virtual IP lands on both in turn.
+        assert "ip saddr { 0.0.0.0/0 } tcp dport 31000 accept" in door
+        assert door[1].endswith(f"; any other TCP: reset; VRRP from {peer} (the other door "
+                                "node) only")
+    # A node without keepalived has no VRRP rule, as before.
+    assert not [line for line in rules(config, "174.1.60.1") if "vrrp" in line]
+
+
+def test_one_door_node_has_no_vrrp_rule(pro6000: dict) -> None:
+    router_node = rules(load_cluster_config(pro6000), "174.1.60.5")
+    assert not [line for line in router_node if "vrrp" in line]
+    assert router_node[1].endswith("; any other TCP: reset")
+
+
 def test_a_network_inside_another_of_its_family_is_left_out(pro6000: dict) -> None:
     """nft refuses overlapping intervals in one set: what another listed network holds goes,
     whatever the order, once per network, each family on its own."""
@@ -86,7 +121,7 @@ def test_nft_accepts_every_rendered_table(pro6000: dict) -> None:
     assert "ip saddr { 10.9.0.0/24 } tcp dport { 29001, 29002, 29100, 30000 } accept" in door
     sim_2p2d = stack_values("sim-2p2d") | {"image": "10.231.60.254:5000/kimipd/sim-node@sha256:"
                                            + "a" * 64}
-    for values in (pro6000, sim_2p2d):
+    for values in (pro6000, door_on_two_nodes(copy.deepcopy(pro6000)), sim_2p2d):
         config = load_cluster_config(values)
         for node in config.nodes:
             check = subprocess.run(["nft", "-c", "-f", "-"], capture_output=True, text=True,
