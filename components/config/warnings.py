@@ -62,6 +62,15 @@ def exposure_warnings(cfg: ClusterConfig) -> list[str]:
             "handshakes), the Mooncake master's RPC and admin ports, NCCL's and the KV "
             "transfer's run-time ports. Remove the key (default true) unless the nodes sit "
             "behind a firewall of their own.")
+        door = cfg.router.door
+        if door is not None and door.nodes is not None and door.virtual_ip is not None:
+            warnings.append(
+                f"firewall.enabled: false lets VRRP from anyone reach keepalived on "
+                f"{' and '.join(door.nodes)}, and VRRPv3 has no authentication: "
+                "check_unicast_src refuses a stranger's adverts, but while they came the backup "
+                "took router.door.virtualIp and gave it back several times a second "
+                "(docs/vrrp-trial.md). Remove the key, or drop IP protocol 112 from anyone but "
+                "the two door nodes in the nodes' own firewall.")
     return warnings
 
 

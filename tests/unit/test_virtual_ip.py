@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from components.config import ConfigError, load_cluster_config
+from components.config import ConfigError, config_warnings, load_cluster_config
 from components.render.keepalived import (advert_interval, door_check_file, keepalived_config,
                                           keepalived_config_file)
 
@@ -111,6 +111,18 @@ def test_a_virtual_ip_value_keepalived_would_refuse_is_refused_by_its_key(pro600
     assert "router.door.virtualIp.vrid: 256" in message
     message = refusal(pro6000, virtualIp={"address": VIP, "advertInterval": 100})
     assert "router.door.virtualIp.advertInterval: unknown key" in message
+
+
+def test_without_the_firewall_vrrp_from_anyone_is_warned_about(pro6000: dict) -> None:
+    assert not [w for w in config_warnings(load_cluster_config(pro6000)) if "VRRP" in w]
+    pro6000["firewall"] = {"enabled": False}
+    warned = [w for w in config_warnings(load_cluster_config(pro6000)) if "VRRP" in w]
+    assert warned == [
+        "firewall.enabled: false lets VRRP from anyone reach keepalived on 174.1.60.5 and "
+        "174.1.60.6, and VRRPv3 has no authentication: check_unicast_src refuses a stranger's "
+        "adverts, but while they came the backup took router.door.virtualIp and gave it back "
+        "several times a second (docs/vrrp-trial.md). Remove the key, or drop IP protocol 112 "
+        "from anyone but the two door nodes in the nodes' own firewall."]
 
 
 def test_advert_interval_is_written_in_seconds() -> None:
