@@ -52,7 +52,7 @@ _INTERFACE_NAME = re.compile(r"[^/:\s]{1,15}")
 class VirtualIpSpec(Model):
     """The address clients use when the door stands on two nodes: one of them holds it at a time
     (VRRP, keepalived), and the other takes it when the holder or its door is lost
-    (docs/door.md)."""
+    (docs/vrrp-trial.md)."""
 
     address: str
     # Where the address is added and VRRP is spoken; unset: network.computeInterface, the one

@@ -40,6 +40,14 @@ def config_warnings(cfg: ClusterConfig) -> list[str]:
                 "(triton); to use it add `--linear-attn-prefill-backend flashkda` (or "
                 "`--linear-attn-backend flashkda`) to groups.<name>.extraArgs, or remove the "
                 "wheel from nodeFiles.")
+    door = cfg.router.door
+    if door is not None and door.nodes is not None:
+        others = [address for address in door.nodes if address != cfg.router.node]
+        warnings.append(
+            f"router.door.nodes: {door.nodes!r} is read but not deployed yet (issue 30): only "
+            f"each node's firewall changes (router.port open on {', '.join(others)}, VRRP from "
+            "the other door node only); no keepalived and no second door run, and clients "
+            f"still reach the door on {cfg.router.node} alone.")
     return warnings + rollout_warnings(cfg) + exposure_warnings(cfg)
 
 

@@ -1,16 +1,18 @@
 """The door's virtual IP: keepalived's configuration for one of the two door nodes.
 
 keepalived 2.2.7 (Debian 12's package) speaks VRRPv3 by unicast to the other door node alone;
-both start as BACKUP with `nopreempt`, so a node that comes back never takes the address from
-the one serving. The local door's health arrives through a track file that a check loop beside
-keepalived writes every interval (`vrrp_script` runs at most once a second, and
+both start as BACKUP with `nopreempt`, so a node whose link or door comes back does not take the
+address from the one serving (a partition that kept the link up ends with two masters, which
+VRRP settles by priority). The local door's health arrives through a track file that a check
+loop beside keepalived writes every interval (`vrrp_script` runs at most once a second, and
 `vrrp_track_process` needs the host's network namespace): 0 is healthy, anything else puts the
 instance in FAULT, which gives the address up at once. Priority cannot do it: with `nopreempt`
 a backup never takes over from a master of lower priority.
 
 VRRPv3 has no authentication (VRRPv2's password travels in clear). What keeps a stranger from
 moving the address is each door node's nftables table, which accepts VRRP from the other door
-node only (firewall.py); `check_unicast_src` is keepalived's own second check. docs/door.md.
+node only (firewall.py); `check_unicast_src` is keepalived's own second check.
+docs/vrrp-trial.md has the figures behind each choice.
 """
 
 from __future__ import annotations
