@@ -21,7 +21,7 @@ from .load import (CONFIG_NAMESPACE, SECRET_KEYS, load_cluster_config, read_stac
 from .messages import shown_value
 from .rules.runbook import MOONCAKE_WHEEL_PREFIX, parse_mooncake_version
 from .schema import ConnectionSpec, GroupSpec, NodeFileSpec, NodeSpec, VerificationSpec
-from .warnings import config_warnings, out_node_notes
+from .warnings import config_warnings, out_node_notes, undeployed_settings
 
 __all__ = [
     "CONFIG_NAMESPACE",
@@ -35,6 +35,7 @@ __all__ = [
     "NodeSpec",
     "VerificationSpec",
     "config_warnings",
+    "undeployed_settings",
     "out_node_notes",
     "load_cluster_config",
     "parse_mooncake_version",

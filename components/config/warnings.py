@@ -40,14 +40,6 @@ def config_warnings(cfg: ClusterConfig) -> list[str]:
                 "(triton); to use it add `--linear-attn-prefill-backend flashkda` (or "
                 "`--linear-attn-backend flashkda`) to groups.<name>.extraArgs, or remove the "
                 "wheel from nodeFiles.")
-    door = cfg.router.door
-    if door is not None and door.nodes is not None:
-        others = [address for address in door.nodes if address != cfg.router.node]
-        warnings.append(
-            f"router.door.nodes: {door.nodes!r} is read but not deployed yet (issue 30): only "
-            f"each node's firewall changes (router.port open on {', '.join(others)}, VRRP from "
-            "the other door node only); no keepalived and no second door run, and clients "
-            f"still reach the door on {cfg.router.node} alone.")
     return warnings + rollout_warnings(cfg) + exposure_warnings(cfg)
 
 
@@ -121,3 +113,16 @@ def out_node_notes(cfg: ClusterConfig) -> list[str]:
             "them from the state (a plain `pulumi up` would dial it to delete them). Set out "
             "back to false to prepare it again from scratch.")
     return notes
+
+
+def undeployed_settings(cfg: ClusterConfig) -> list[str]:
+    """Settings the configuration checks but this version does not deploy yet: the program
+    refuses them, so that nobody believes a stack has what it does not run."""
+    door = cfg.router.door
+    if door is None or door.nodes is None:
+        return []
+    return [f"router.door.nodes: {door.nodes!r} is checked but not deployed yet: no keepalived, "
+            "no second door and no virtual IP would run (only each node's firewall would "
+            f"change), and clients would still reach the door on {cfg.router.node} alone; "
+            "remove router.door.nodes and router.door.virtualIp until the door on two nodes "
+            "lands (docs/vrrp-trial.md)."]

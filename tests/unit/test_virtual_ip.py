@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from components.config import ConfigError, config_warnings, load_cluster_config
+from components.config import (ConfigError, config_warnings, load_cluster_config,
+                               undeployed_settings)
 from components.render.keepalived import (advert_interval, door_check_file, keepalived_config,
                                           keepalived_config_file)
 
@@ -113,12 +114,14 @@ def test_a_virtual_ip_value_keepalived_would_refuse_is_refused_by_its_key(pro600
     assert "router.door.virtualIp.advertInterval: unknown key" in message
 
 
-def test_the_preview_says_the_second_node_is_not_deployed_yet(pro6000: dict) -> None:
-    assert ("router.door.nodes: ['174.1.60.5', '174.1.60.6'] is read but not deployed yet "
-            "(issue 30): only each node's firewall changes (router.port open on 174.1.60.6, VRRP "
-            "from the other door node only); no keepalived and no second door run, and clients "
-            "still reach the door on 174.1.60.5 alone.") in config_warnings(
-                load_cluster_config(pro6000))
+def test_the_program_refuses_the_second_node_until_it_is_deployed(pro6000: dict) -> None:
+    (message,) = undeployed_settings(load_cluster_config(pro6000))
+    assert message.startswith("router.door.nodes: ['174.1.60.5', '174.1.60.6'] is checked but "
+                              "not deployed yet")
+    assert "remove router.door.nodes and router.door.virtualIp" in message
+    pro6000["router"]["door"] = {key: value for key, value in pro6000["router"]["door"].items()
+                                 if key not in ("nodes", "virtualIp")}
+    assert undeployed_settings(load_cluster_config(pro6000)) == []
 
 
 def test_without_the_firewall_vrrp_from_anyone_is_warned_about(pro6000: dict) -> None:
