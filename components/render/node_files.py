@@ -42,16 +42,23 @@ def launch_wrapper(cfg: ClusterConfig, *, mooncake_only: bool = False) -> list[s
 PREPARED_IMAGE_REPOSITORY = "kimipd/prepared"
 
 
+# The scripts that shape the prepared image: the build itself and what it copies in
+# (assets/prepare-image.sh). A change to any other node script (the router's, the door's) must not
+# re-tag every node's image, which would replace every rank.
+IMAGE_SCRIPTS = ("prepare-image.sh", "launch.sh", "mooncake-check.py")
+
+
 def prepared_image_tag(cfg: ClusterConfig, base_image_id: str, file_digests: dict[str, str],
                        scripts: dict[str, str]) -> str:
-    """A tag that names every input of the prepared image: a changed wheel, patch, script or base
-    image is a new tag (so a new build and new containers); the same inputs reuse the image."""
+    """A tag that names every input of the prepared image: a changed wheel, patch, image script
+    (IMAGE_SCRIPTS) or base image is a new tag (so a new build and new containers); the same
+    inputs reuse the image."""
     inputs = {
         "base": base_image_id,
         "install": node_file_install_args(cfg),
         "files": {f.destination: file_digests[f.destination] for f in cfg.node_files},
         "scripts": {name: hashlib.sha256(text.encode()).hexdigest()
-                    for name, text in sorted(scripts.items())},
+                    for name, text in sorted(scripts.items()) if name in IMAGE_SCRIPTS},
     }
     digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
     return f"{PREPARED_IMAGE_REPOSITORY}:{digest[:20]}"

@@ -462,6 +462,8 @@ def test_prepared_image_tag_names_every_input(pro6000: dict) -> None:
     fewer_files = load_cluster_config(pro6000)
     changed.append(prepared_image_tag(fewer_files, BASE, _digests(fewer_files), SCRIPTS))
     assert len({tag, *changed}) == 5
+    # A script the image does not carry (the router's, the door's) leaves every rank as it is.
+    assert prepared_image_tag(config, BASE, digests, SCRIPTS | {"door-slots.py": "x"}) == tag
 
 
 def test_prepare_image_command_installs_what_launch_sh_would_at_start(pro6000: dict) -> None:
