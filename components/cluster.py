@@ -117,12 +117,17 @@ class Cluster(pulumi.ComponentResource):
         }
         decode_gates = [group.gate for group in self.decode.values()]
         router_node = self.nodes[cfg.router.node]
-        # With the door: HAProxy on router.port first, then its two slots, each a router of its
-        # own; they roll one at a time through the slot lease (Router._behind_door).
-        self.door = (Door(cfg, self.nodes, door_tls_key, opts=child)
-                     if cfg.router.door is not None else None)
-        api_key = (RouterApiKey(cfg, router_node, router_api_key, opts=child)
-                   if cfg.router.kind == "rust" and router_api_key is not None else None)
+        # With the door: HAProxy on router.port first (on each door node), then its two slots,
+        # each a router of its own; they roll one at a time through the slot lease
+        # (Router._behind_doors).
+        self.doors = [Door(cfg, self.nodes, address, door_tls_key, opts=child)
+                      for address in cfg.door_nodes]
+        # Every node a router runs on reads the key from its own file.
+        slot_nodes = {slot: cfg.router.node if slot is None else cfg.slot_node(slot)
+                      for slot in router_slots(cfg)}
+        api_keys = ({address: RouterApiKey(cfg, self.nodes[address], router_api_key, opts=child)
+                     for address in dict.fromkeys(slot_nodes.values())}
+                    if cfg.router.kind == "rust" and router_api_key is not None else {})
         if cfg.router.kind == "mini-lb":
             # Its worker list is fixed at start: every group healthy, whatever the start order.
             router_waits_for = [*prefill_gates, *decode_gates]
@@ -130,8 +135,9 @@ class Cluster(pulumi.ComponentResource):
             # Up with the nodes; each group joins it through its Membership once its own gate
             # passes, and leaves it (drained) before its containers are replaced.
             router_waits_for = every_node_ready
-        self.routers = [Router(cfg, self.nodes, wait_for=router_waits_for, api_key=api_key,
-                               slot=slot, door=self.door, opts=child)
+        self.routers = [Router(cfg, self.nodes, wait_for=router_waits_for,
+                               api_key=api_keys.get(slot_nodes[slot]), slot=slot,
+                               doors=self.doors, opts=child)
                         for slot in router_slots(cfg)]
         router_gates: list[RouterReadiness] = []
         if cfg.router.kind == "rust":
@@ -144,7 +150,7 @@ class Cluster(pulumi.ComponentResource):
         self.smoke_test = SmokeTest(
             cfg, router_node, self.routers,
             [self.mooncake_master.gate, *prefill_gates, *decode_gates, *router_gates],
-            door=self.door, opts=child)
+            doors=self.doors, opts=child)
         self.outputs |= {
             "containers": container_outputs(cfg),
             "routerUrl": router_url(cfg),

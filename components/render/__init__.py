@@ -21,7 +21,8 @@ from .keepalived import (door_check_file, keepalived_config, keepalived_config_f
                          virtual_ip_dir)
 from .layout import MOONCAKE_MASTER, NODE_ASSET_DIR, NODE_SCRIPTS, ROUTER, rank_role
 from .membership import (admit_command, drain_command, restore_command, router_ready_command,
-                         slot_admit_command, slot_drain_command, slot_unwant_command,
+                         slot_admit_command, slot_door_admit_command, slot_door_drain_command,
+                         slot_drain_command, slot_unwant_command,
                          slot_want_command, unwant_command, want_command)
 from .mooncake_master import mooncake_master_address, mooncake_master_command, mooncake_master_plan
 from .node_files import (prepare_dirs_command, prepare_image_command, prepared_image_id,
@@ -48,6 +49,8 @@ __all__ = [
     "remove_door_files_command",
     "router_slots",
     "slot_admit_command",
+    "slot_door_admit_command",
+    "slot_door_drain_command",
     "slot_drain_command",
     "slot_role",
     "slot_server",

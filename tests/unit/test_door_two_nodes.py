@@ -3,12 +3,19 @@ other door node, each door sending to both slots at their nodes."""
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
+import sys
+from types import ModuleType
+
 import pytest
 
 from components.config import ClusterConfig, load_cluster_config
 from components.render import (door_haproxy_config, door_plan, drain_command, firewall_ruleset,
-                               prometheus_targets, restore_command, router_command, router_plan,
-                               slot_admit_command, slot_drain_command, slot_url)
+                               preflight_command, prometheus_targets, restore_command,
+                               router_command, router_plan, slot_admit_command,
+                               slot_drain_command, slot_url)
+from tests.conftest import REPO
 
 ROUTER_NODE, OTHER = "174.1.60.5", "174.1.60.6"
 
@@ -90,3 +97,81 @@ def test_each_door_node_is_scraped_for_its_door_and_its_slot(cfg: ClusterConfig)
                     ("router", "a", [f"{ROUTER_NODE}:29001"]),
                     ("door", None, [f"{OTHER}:29100"]),
                     ("router", "b", [f"{OTHER}:29002"])]
+
+
+def test_preflight_asks_for_python3_on_both_door_nodes(cfg: ClusterConfig) -> None:
+    """door-slots.py runs on the other door node too (its door's drain and admission)."""
+    for address in (ROUTER_NODE, OTHER):
+        assert "--needs-python yes" in preflight_command(cfg, address, ""), address
+    assert "--needs-python" not in preflight_command(cfg, "174.1.60.7", "")
+
+
+def door_slots() -> ModuleType:
+    """assets/door-slots.py as a module (it imports router_api.py beside it)."""
+    script = REPO / "assets" / "door-slots.py"
+    sys.path.insert(0, str(script.parent))
+    bytecode = sys.dont_write_bytecode
+    try:
+        spec = importlib.util.spec_from_file_location("door_slots", script)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(script.parent))
+        sys.dont_write_bytecode = bytecode
+    return module
+
+
+class FakeDoor:
+    """The runtime API as door-slots.py reads it: a drain ends the slot's open requests, ready
+    makes it UP."""
+
+    def __init__(self, rows: dict[str, dict[str, str]] | None) -> None:
+        self.rows, self.said = rows, []
+
+    def servers(self) -> dict[str, dict[str, str]] | None:
+        return self.rows
+
+    def set_state(self, server: str, state: str) -> None:
+        assert self.rows is not None
+        self.said.append((server, state))
+        self.rows[server] = {"status": "DRAIN", "scur": "0"} if state == "drain" else {
+            "status": "UP", "scur": "0"}
+
+
+class FakeRouter:
+    def __init__(self, answers: list[int]) -> None:
+        self.url, self.answers, self.asked = "http://174.1.60.6:31002", answers, []
+
+    def call(self, method: str, path: str) -> tuple[int, None]:
+        self.asked.append((method, path))
+        return (self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]), None
+
+
+def test_the_other_doors_drain_sets_drain_there_and_asks_no_lease(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    module = door_slots()
+    door = FakeDoor({"slot-a": {"status": "UP", "scur": "0"},
+                     "slot-b": {"status": "UP", "scur": "3"}})
+    monkeypatch.setattr(module, "Door", lambda _path: door)
+    args = argparse.Namespace(door_socket="/x", slot="b", drain_timeout=5, interval=0.01)
+    assert module.door_drain(args) == 0
+    assert door.said == [("slot-b", "drain")]
+    # A door that does not answer (not there yet, being replaced): nothing to drain.
+    gone = FakeDoor(None)
+    monkeypatch.setattr(module, "Door", lambda _path: gone)
+    assert module.door_drain(args) == 0 and gone.said == []
+
+
+@pytest.mark.parametrize("mini_lb, path", [(False, "/readiness"), (True, "/health")])
+def test_the_other_doors_admission_waits_until_the_slot_serves(
+        monkeypatch: pytest.MonkeyPatch, mini_lb: bool, path: str) -> None:
+    module = door_slots()
+    door = FakeDoor({"slot-b": {"status": "MAINT", "scur": "0"}})
+    monkeypatch.setattr(module, "Door", lambda _path: door)
+    router = FakeRouter([503, 503, 200])
+    args = argparse.Namespace(door_socket="/x", slot="b", mini_lb=mini_lb, timeout=5,
+                              interval=0.01)
+    assert module.door_admit(args, router) == 0
+    assert router.asked == [("GET", path)] * 3
+    assert door.said == [("slot-b", "ready")]

@@ -1,0 +1,140 @@
+"""The door on two nodes under Pulumi's mocks (pro6000 with router.door.nodes [.5, .6]): a door
+on each door node, slot b on the other one, each slot drained and admitted at both doors.
+
+The program still refuses router.door.nodes (undeployed_settings) until the whole of it is
+deployed; these tests lift the refusal to see what it would register."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import components.config
+from tests.conftest import stack_values
+from tests.program.harness import (
+    ROUTER_API_KEY, SECRET_SIG, SIG_KEY, Registration, Run, run_program, run_refused,
+    with_local_files)
+
+pytestmark = pytest.mark.timeout(180)  # the SDK's threads can hang under mocks (pulumi#7663)
+
+ROUTER_NODE, OTHER = "174.1.60.5", "174.1.60.6"
+VIP = "174.1.60.100"
+OTHER_DOOR = "door-174-1-60-6"
+
+
+@pytest.fixture
+def values(tmp_path: Path) -> dict:
+    values = with_local_files(stack_values("pro6000"), tmp_path)
+    values["router"]["door"] |= {"nodes": [ROUTER_NODE, OTHER], "virtualIp": {"address": VIP}}
+    return values
+
+
+@pytest.fixture
+def run(values: dict, monkeypatch: pytest.MonkeyPatch) -> Run:
+    monkeypatch.setattr(components.config, "undeployed_settings", lambda _cfg: [])
+    return run_program(values)
+
+
+def host(resource: Registration) -> str:
+    return resource.inputs["connection"]["value"]["host"]  # the connection is a secret
+
+
+def provider_node(resource: Registration) -> str:
+    return resource.provider.split("::")[-2].removesuffix("-docker").removeprefix("node-")
+
+
+def test_a_real_stack_is_still_refused(values: dict) -> None:
+    message, registered = run_refused(values)
+    assert "router.door.nodes: ['174.1.60.5', '174.1.60.6'] is checked but not deployed yet" \
+        in message
+    assert registered.resources == []
+
+
+def test_one_door_node_keeps_every_name(tmp_path: Path) -> None:
+    run = run_program(with_local_files(stack_values("pro6000"), tmp_path))
+    names = {resource.name for resource in run.resources}
+    assert {"door", "door-image", "door-config", "door-ready", "door-health", "router-api-key",
+            "router-a-door-drain", "router-b-door-admit"} <= names
+    assert not [name for name in names if "door-174-1-60" in name]
+    assert not [name for name in names if name.startswith("router-key-")]
+
+
+def test_a_door_on_each_door_node(run: Run) -> None:
+    containers = run.containers()
+    here, there = containers["door"], containers[OTHER_DOOR]
+    assert provider_node(here) == "174-1-60-5" and provider_node(there) == "174-1-60-6"
+    assert here.inputs["name"] == there.inputs["name"] == "kimipd-door"
+    assert here.inputs["command"] == there.inputs["command"]
+    configs = run.named("door-config"), run.named(f"{OTHER_DOOR}-config")
+    assert [host(config) for config in configs] == [ROUTER_NODE, OTHER]
+    # One configuration for both: each door sends to both slots at their nodes.
+    assert configs[0].inputs["stdin"] == configs[1].inputs["stdin"]
+    assert f"server slot-b {OTHER}:31002 check" in configs[1].inputs["stdin"]
+    assert run.waits_for(there, configs[1]) and run.waits_for(there, run.named(
+        f"{OTHER_DOOR}-image"))
+    gate = run.named(f"{OTHER_DOOR}-health")
+    assert host(gate) == OTHER and f"http://{OTHER}:29100/health" in gate.inputs["create"]
+    assert run.waits_for(there, run.named("node-174-1-60-6-nftables"))
+
+
+def test_slot_b_runs_on_the_other_door_node_with_its_own_key_file(run: Run) -> None:
+    containers = run.containers()
+    assert provider_node(containers["router-a"]) == "174-1-60-5"
+    assert provider_node(containers["router-b"]) == "174-1-60-6"
+    key_file = run.named("router-api-key-174-1-60-6")
+    assert host(key_file) == OTHER
+    assert key_file.raw_inputs["stdin"].get(SIG_KEY) == SECRET_SIG
+    labels = {label["label"]: label["value"] for label in containers["router-b"]
+              .inputs["labels"]}
+    assert labels["kimipd.api-key-file"] == "router-api-key-174-1-60-6-id"
+    assert run.waits_for(containers["router-b"], key_file)
+    gate = run.named("router-b-health")
+    assert host(gate) == OTHER and f"http://{OTHER}:31002/health" in gate.inputs["create"]
+    # The markers are on router.node: slot b's new router gets its groups from there.
+    restore = run.named("router-b-restore")
+    assert host(restore) == ROUTER_NODE
+    assert f"--router http://{OTHER}:31002" in restore.inputs["create"]
+
+
+@pytest.mark.parametrize("slot", ["a", "b"])
+def test_each_slot_is_drained_and_admitted_at_both_doors(run: Run, slot: str) -> None:
+    role = f"router-{slot}"
+    container = run.containers()[role]
+    drain, remote_drain = run.named(f"{role}-door-drain"), run.named(f"{role}-{OTHER_DOOR}-drain")
+    admit, remote_admit = run.named(f"{role}-door-admit"), run.named(f"{role}-{OTHER_DOOR}-admit")
+    # router.node's decide (lease, markers); the other door node's follow.
+    assert [host(r) for r in (drain, admit, run.named(f"{role}-door-want"))] == [ROUTER_NODE] * 3
+    assert [host(r) for r in (remote_drain, remote_admit)] == [OTHER, OTHER]
+    assert "door-slots.py drain " in drain.inputs["delete"]
+    assert "door-slots.py door-drain " in remote_drain.inputs["delete"]
+    assert "--router" not in remote_drain.inputs["delete"]
+    # Deleted after router.node's drain (it depends on it), before the container.
+    assert run.waits_for(drain, remote_drain)
+    assert run.waits_for(remote_drain, container)
+    assert run.waits_for(remote_drain, run.containers()[OTHER_DOOR])
+    assert remote_drain.inputs["triggers"] == drain.inputs["triggers"] == [f"{role}-id"]
+    # Ready at the other door before router.node's admission gives the lease back.
+    assert run.waits_for(admit, remote_admit)
+    for earlier in (f"{role}-ready", f"{OTHER_DOOR}-ready", f"{role}-restore"):
+        assert run.waits_for(remote_admit, run.named(earlier)), earlier
+    node = ROUTER_NODE if slot == "a" else OTHER
+    port = 31001 if slot == "a" else 31002
+    assert remote_admit.inputs["create"].endswith(f" --router http://{node}:{port}")
+    assert "door-slots.py door-admit " in remote_admit.inputs["create"]
+    assert "--api-key-file" not in remote_admit.inputs["create"]
+
+
+def test_the_smoke_test_runs_again_when_either_door_is_replaced(run: Run) -> None:
+    smoke = run.named("smoke-test-generate")
+    assert {"door-id", f"{OTHER_DOOR}-id"} <= set(smoke.inputs["triggers"])
+
+
+def test_no_secret_in_plain_inputs(run: Run) -> None:
+    for resource in run.resources:
+        for name in ("create", "update", "delete", "command", "envs", "labels", "stdin"):
+            value = resource.raw_inputs.get(name)
+            if isinstance(value, dict) and value.get(SIG_KEY) == SECRET_SIG:
+                continue
+            assert ROUTER_API_KEY not in json.dumps(value or ""), (resource.name, name)
