@@ -26,6 +26,7 @@ from .render import (
 )
 from .router import Door, Membership, Router, RouterApiKey, RouterReadiness, SmokeTest
 from .serving import ServingGroup
+from .virtual_ip import VirtualIp
 
 
 class Cluster(pulumi.ComponentResource):
@@ -122,6 +123,10 @@ class Cluster(pulumi.ComponentResource):
         # (Router._behind_doors).
         self.doors = [Door(cfg, self.nodes, address, door_tls_key, opts=child)
                       for address in cfg.door_nodes]
+        # On two door nodes: the address clients use, held by one of them (keepalived).
+        door = cfg.router.door
+        self.virtual_ips = ([VirtualIp(cfg, self.nodes, each, opts=child) for each in self.doors]
+                            if door is not None and door.virtual_ip is not None else [])
         # Every node a router runs on reads the key from its own file.
         slot_nodes = {slot: cfg.router.node if slot is None else cfg.slot_node(slot)
                       for slot in router_slots(cfg)}
@@ -149,7 +154,8 @@ class Cluster(pulumi.ComponentResource):
                                             opts=child)]
         self.smoke_test = SmokeTest(
             cfg, router_node, self.routers,
-            [self.mooncake_master.gate, *prefill_gates, *decode_gates, *router_gates],
+            [self.mooncake_master.gate, *prefill_gates, *decode_gates, *router_gates,
+             *[virtual_ip.gate for virtual_ip in self.virtual_ips]],
             doors=self.doors, opts=child)
         self.outputs |= {
             "containers": container_outputs(cfg),

@@ -21,13 +21,15 @@ pytestmark = pytest.mark.timeout(180)  # the SDK's threads can hang under mocks 
 
 ROUTER_NODE, OTHER = "174.1.60.5", "174.1.60.6"
 VIP = "174.1.60.100"
+KEEPALIVED_IMAGE = "registry.example/kimipd/keepalived@sha256:" + "b" * 64
 OTHER_DOOR = "door-174-1-60-6"
 
 
 @pytest.fixture
 def values(tmp_path: Path) -> dict:
     values = with_local_files(stack_values("pro6000"), tmp_path)
-    values["router"]["door"] |= {"nodes": [ROUTER_NODE, OTHER], "virtualIp": {"address": VIP}}
+    values["router"]["door"] |= {"nodes": [ROUTER_NODE, OTHER],
+                                 "virtualIp": {"image": KEEPALIVED_IMAGE, "address": VIP}}
     return values
 
 
@@ -138,3 +140,57 @@ def test_no_secret_in_plain_inputs(run: Run) -> None:
             if isinstance(value, dict) and value.get(SIG_KEY) == SECRET_SIG:
                 continue
             assert ROUTER_API_KEY not in json.dumps(value or ""), (resource.name, name)
+
+
+@pytest.mark.parametrize("node, role", [(ROUTER_NODE, "keepalived"),
+                                        (OTHER, "keepalived-174-1-60-6")])
+def test_keepalived_beside_each_door_with_its_check_loop(run: Run, node: str, role: str) -> None:
+    container = run.containers()[role]
+    assert provider_node(container) == node.replace(".", "-")
+    inputs = container.inputs
+    assert inputs["name"] == "kimipd-keepalived"
+    assert (inputs["networkMode"], inputs["restart"], inputs["entrypoints"]) == (
+        "host", "no", ["bash"])
+    assert inputs["capabilities"]["adds"] == ["NET_ADMIN", "NET_RAW", "NET_BROADCAST"]
+    assert not inputs.get("privileged")
+    # One process tree: the loop and keepalived end together (assets/virtual-ip.sh).
+    command = inputs["command"]
+    assert command[0] == "/opt/kimipd/virtual-ip.sh"
+    assert command[command.index("--door") + 1] == f"{node}:29100"
+    assert command[command.index("--interval") + 1] == "0.1"
+    assert command[command.index("--check-file") + 1] == "/opt/kimipd/router-31000/vip/door-down"
+    labels = {label["label"]: label["value"] for label in inputs["labels"]}
+    assert labels == {"kimipd.role": role}  # restartGeneration does not move the address
+    image = run.named(f"{role}-image")
+    assert image.inputs["name"] == KEEPALIVED_IMAGE and image.inputs["keepLocally"]
+    assert run.waits_for(container, image)
+    # After the node's firewall (strangers' VRRP dropped), its config and its door; on destroy
+    # before the door, so the address leaves while the door still serves.
+    config = run.named(f"{role}-config")
+    door = run.containers()["door" if node == ROUTER_NODE else OTHER_DOOR]
+    for earlier in (config, door, run.named(f"node-{node.replace('.', '-')}-nftables")):
+        assert run.waits_for(container, earlier), earlier.name
+    assert host(config) == node and config.inputs["create"] == config.inputs["update"]
+    assert f"unicast_src_ip {node}" in config.inputs["stdin"]
+    # Checked by the image's own keepalived on the node's network (it refuses a missing
+    # interface), then reloaded in place.
+    assert ("docker run --rm --network host --entrypoint keepalived -v "
+            "/opt/kimipd/router-31000/vip:/opt/kimipd/router-31000/vip:ro "
+            f"{KEEPALIVED_IMAGE} -t -f /opt/kimipd/router-31000/vip/keepalived.conf.new"
+            ) in config.inputs["create"]
+    assert config.inputs["create"].endswith("docker kill --signal HUP kimipd-keepalived "
+                                            ">/dev/null; fi")
+    assert config.inputs["delete"] == "rm -rf /opt/kimipd/router-31000/vip"
+    gate = run.named(f"{role}-health")
+    assert host(gate) == node and f"http://{VIP}:29100/health" in gate.inputs["create"]
+
+
+def test_the_smoke_test_waits_for_the_virtual_ip(run: Run) -> None:
+    smoke = run.named("smoke-test-generate")
+    for role in ("keepalived", "keepalived-174-1-60-6"):
+        assert run.waits_for(smoke, run.named(f"{role}-health")), role
+
+
+def test_one_door_node_runs_no_keepalived(tmp_path: Path) -> None:
+    run = run_program(with_local_files(stack_values("pro6000"), tmp_path))
+    assert not [r.name for r in run.resources if "keepalived" in r.name]

@@ -18,12 +18,13 @@ from components.render import (door_haproxy_config, door_plan, drain_command, fi
 from tests.conftest import REPO
 
 ROUTER_NODE, OTHER = "174.1.60.5", "174.1.60.6"
+KEEPALIVED_IMAGE = "registry.example/kimipd/keepalived@sha256:" + "b" * 64
 
 
 @pytest.fixture
 def cfg(pro6000: dict) -> ClusterConfig:
-    pro6000["router"]["door"] |= {"nodes": [ROUTER_NODE, OTHER],
-                                  "virtualIp": {"address": "174.1.60.100"}}
+    pro6000["router"]["door"] |= {"nodes": [ROUTER_NODE, OTHER], "virtualIp": {
+        "image": KEEPALIVED_IMAGE, "address": "174.1.60.100"}}
     return load_cluster_config(pro6000)
 
 
@@ -74,8 +75,8 @@ def test_roles_ports_and_metrics_follow_the_door_and_the_slot(cfg: ClusterConfig
 def test_a_port_of_the_other_door_node_that_collides_is_refused(pro6000: dict) -> None:
     decode = next(name for name, group in pro6000["groups"].items() if OTHER in group["nodes"])
     pro6000["groups"][decode]["httpPort"] = 31002
-    pro6000["router"]["door"] |= {"nodes": [ROUTER_NODE, OTHER],
-                                  "virtualIp": {"address": "174.1.60.100"}}
+    pro6000["router"]["door"] |= {"nodes": [ROUTER_NODE, OTHER], "virtualIp": {
+        "image": KEEPALIVED_IMAGE, "address": "174.1.60.100"}}
     with pytest.raises(Exception, match="31002 on 174.1.60.6 is already used"):
         load_cluster_config(pro6000)
 
