@@ -37,14 +37,17 @@ door_down() {
   local status=""
   # The braces keep 2>/dev/null to the connect (bash says "Connection refused" otherwise).
   if { exec 3<>"/dev/tcp/${host}/${port}"; } 2>/dev/null; then
-    printf 'GET /health HTTP/1.0\r\nHost: %s\r\n\r\n' "${host}" >&3
-    IFS=' ' read -r -t 1 _ status _ <&3 || status=""
+    printf 'GET /health HTTP/1.0\r\nHost: %s\r\n\r\n' "${host}" >&3 2>/dev/null
+    IFS=" " read -r -t 1 _ status _ <&3 2>/dev/null || status=""
     exec 3>&-
   fi
   [[ "${status}" == 200 ]] && echo 0 || echo 1
 }
 
 check_loop() {
+  # A door that goes away between the connect and the request (stopped, replaced) resets the
+  # connection: without this the write's SIGPIPE would end the loop, and keepalived with it.
+  trap '' PIPE
   while true; do
     door_down > "${check_file}"
     sleep "${interval}"

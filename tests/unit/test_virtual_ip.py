@@ -7,6 +7,8 @@ import http.server
 import os
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import threading
 import time
@@ -306,7 +308,17 @@ def _start(tmp_path: Path, bin_dir: Path, port: int) -> subprocess.Popen:
         ["bash", str(Path(__file__).parents[2] / "assets" / "virtual-ip.sh"),
          "--config", str(tmp_path / "keepalived.conf"), "--check-file",
          str(tmp_path / "door-down"), "--door", f"127.0.0.1:{port}", "--interval", "0.05"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+
+
+def _end(script: subprocess.Popen) -> None:
+    """The script and whatever it started (the fake keepalived, the loop): nothing left over."""
+    try:
+        os.killpg(script.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    script.wait(timeout=30)
 
 
 def _check(tmp_path: Path) -> str:
@@ -336,8 +348,7 @@ def test_the_check_loop_writes_the_doors_health_at_every_tick(
         assert script.wait(timeout=30) == 0
         assert (tmp_path / "term").exists()
     finally:
-        if script.poll() is None:
-            script.kill()
+        _end(script)
 
 
 @pytest.mark.timeout(120)
@@ -356,5 +367,35 @@ def test_keepalived_and_the_loop_end_together(tmp_path: Path, fake_keepalived: P
         assert not (tmp_path / "door-down").exists()
     finally:
         door.stop()
-        if script.poll() is None:
-            script.kill()
+        _end(script)
+
+
+@pytest.mark.timeout(120)
+def test_a_door_that_resets_connections_is_down_and_the_loop_lives_on(
+        tmp_path: Path, fake_keepalived: Path) -> None:
+    """A door going away resets the loop's connection between its connect and its request; the
+    write's SIGPIPE must not end the loop (it did: keepalived went down with it)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    port = listener.getsockname()[1]
+
+    def reset_every_connection() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()
+
+    threading.Thread(target=reset_every_connection, daemon=True).start()
+    script = _start(tmp_path, fake_keepalived, port)
+    try:
+        _until(lambda: _check(tmp_path) == "1", "resets: 1")
+        time.sleep(2)  # some 40 resets at 0.05 s
+        assert script.poll() is None, script.stdout.read() if script.stdout else ""
+        assert _check(tmp_path) in ("1", "")
+    finally:
+        listener.close()
+        _end(script)
