@@ -113,7 +113,20 @@ class ClusterConfig(Model):
         if self.router.door is None:
             return ["router"]
         return [*(self.door_role(node) for node in self.door_nodes),
-                *(f"router-{name}" for name in SLOT_NAMES)]
+                *(f"router-{name}" for name in SLOT_NAMES),
+                *(self.keepalived_role(node) for node in self.virtual_ip_nodes)]
+
+    @property
+    def virtual_ip_nodes(self) -> list[str]:
+        """The door nodes keepalived runs on: both, when a virtual IP moves between them."""
+        door = self.router.door
+        return list(door.nodes) if door is not None and door.nodes is not None and \
+            door.virtual_ip is not None else []
+
+    def keepalived_role(self, address: str) -> str:
+        """keepalived on ADDRESS, named as the door there is: `keepalived` on router.node,
+        `keepalived-A-B-C-D` on the other door node."""
+        return "keepalived" + self.door_role(address).removeprefix("door")
 
     def door_role(self, address: str) -> str:
         """The door on ADDRESS: `door` on router.node (as with one door node), `door-A-B-C-D`
@@ -191,6 +204,8 @@ class ClusterConfig(Model):
         if address in self.door_nodes:
             roles.append(self.door_role(address))
         roles += [f"router-{name}" for name in SLOT_NAMES if self.slot_node(name) == address]
+        if address in self.virtual_ip_nodes:
+            roles.append(self.keepalived_role(address))
         return roles
 
     def port_bindings(self) -> Iterator[PortBinding]:

@@ -70,8 +70,12 @@ def door_ca_file(cfg: ClusterConfig | int) -> str:
 
 
 def door_url(cfg: ClusterConfig) -> str:
-    scheme = "https" if door_spec(cfg).tls is not None else "http"
-    return f"{scheme}://{cfg.router.node}:{cfg.router.port}"
+    """Where clients reach the door: router.node, or the virtual IP when the door stands on two
+    nodes (whichever holds it answers)."""
+    door = door_spec(cfg)
+    scheme = "https" if door.tls is not None else "http"
+    host = door.virtual_ip.address if door.virtual_ip is not None else cfg.router.node
+    return f"{scheme}://{host}:{cfg.router.port}"
 
 
 def door_health_url(cfg: ClusterConfig, address: str | None = None) -> str:

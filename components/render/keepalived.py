@@ -121,12 +121,6 @@ vrrp_instance {INSTANCE} {{
 """
 
 
-def keepalived_role(cfg: ClusterConfig, address: str) -> str:
-    """keepalived on ADDRESS: `keepalived` on router.node, `keepalived-A-B-C-D` on the other
-    door node (as the doors are named)."""
-    return KEEPALIVED + cfg.door_role(address).removeprefix("door")
-
-
 def virtual_ip_url(cfg: ClusterConfig) -> str:
     """The door's /health through the virtual IP: whichever door node holds it answers."""
     return f"http://{virtual_ip_spec(cfg).address}:{door_spec(cfg).metrics_port}/health"
@@ -136,7 +130,7 @@ def keepalived_plan(cfg: ClusterConfig, address: str) -> ContainerPlan:
     """keepalived and the door's check loop in one container on the door node ADDRESS
     (assets/virtual-ip.sh: if either ends, so does the other). Gated on the door's /health
     through the virtual IP: some door node holds it and its door answers."""
-    role = keepalived_role(cfg, address)
+    role = cfg.keepalived_role(address)
     command = [VIRTUAL_IP_SCRIPT, "--config", keepalived_config_file(cfg),
                "--check-file", door_check_file(cfg),
                "--door", f"{address}:{door_spec(cfg).metrics_port}",

@@ -6,8 +6,8 @@ deployed; these tests lift the refusal to see what it would register."""
 
 from __future__ import annotations
 
+import copy
 import json
-from pathlib import Path
 
 import pytest
 
@@ -25,18 +25,27 @@ KEEPALIVED_IMAGE = "registry.example/kimipd/keepalived@sha256:" + "b" * 64
 OTHER_DOOR = "door-174-1-60-6"
 
 
-@pytest.fixture
-def values(tmp_path: Path) -> dict:
-    values = with_local_files(stack_values("pro6000"), tmp_path)
+@pytest.fixture(scope="module")
+def values(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    values = with_local_files(stack_values("pro6000"), tmp_path_factory.mktemp("two-door-nodes"))
     values["router"]["door"] |= {"nodes": [ROUTER_NODE, OTHER],
                                  "virtualIp": {"image": KEEPALIVED_IMAGE, "address": VIP}}
     return values
 
 
-@pytest.fixture
-def run(values: dict, monkeypatch: pytest.MonkeyPatch) -> Run:
-    monkeypatch.setattr(components.config, "undeployed_settings", lambda _cfg: [])
-    return run_program(values)
+@pytest.fixture(scope="module")
+def run(values: dict) -> Run:
+    """What the program would register once router.door.nodes is no longer refused."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(components.config, "undeployed_settings", lambda _cfg: [])
+        return run_program(copy.deepcopy(values))
+
+
+@pytest.fixture(scope="module")
+def one_door_node(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """pro6000 as it ships: the door on router.node alone."""
+    return run_program(with_local_files(stack_values("pro6000"),
+                                        tmp_path_factory.mktemp("one-door-node")))
 
 
 def host(resource: Registration) -> str:
@@ -48,15 +57,14 @@ def provider_node(resource: Registration) -> str:
 
 
 def test_a_real_stack_is_still_refused(values: dict) -> None:
-    message, registered = run_refused(values)
+    message, registered = run_refused(copy.deepcopy(values))
     assert "router.door.nodes: ['174.1.60.5', '174.1.60.6'] is checked but not deployed yet" \
         in message
     assert registered.resources == []
 
 
-def test_one_door_node_keeps_every_name(tmp_path: Path) -> None:
-    run = run_program(with_local_files(stack_values("pro6000"), tmp_path))
-    names = {resource.name for resource in run.resources}
+def test_one_door_node_keeps_every_name(one_door_node: Run) -> None:
+    names = {resource.name for resource in one_door_node.resources}
     assert {"door", "door-image", "door-config", "door-ready", "door-health", "router-api-key",
             "router-a-door-drain", "router-b-door-admit"} <= names
     assert not [name for name in names if "door-174-1-60" in name]
@@ -191,6 +199,52 @@ def test_the_smoke_test_waits_for_the_virtual_ip(run: Run) -> None:
         assert run.waits_for(smoke, run.named(f"{role}-health")), role
 
 
-def test_one_door_node_runs_no_keepalived(tmp_path: Path) -> None:
-    run = run_program(with_local_files(stack_values("pro6000"), tmp_path))
-    assert not [r.name for r in run.resources if "keepalived" in r.name]
+def test_one_door_node_runs_no_keepalived(one_door_node: Run) -> None:
+    assert not [r.name for r in one_door_node.resources if "keepalived" in r.name]
+
+
+def test_clients_are_given_the_virtual_ip(run: Run) -> None:
+    outputs = run.stack_outputs
+    assert outputs["routerUrl"] == f"http://{VIP}:31000"
+    assert outputs["generateUrl"] == f"http://{VIP}:31000/generate"
+    # The smoke test goes through it too, from router.node.
+    smoke = run.named("smoke-test-generate")
+    assert f"--url http://{VIP}:31000/generate" in smoke.inputs["create"]
+
+
+def test_the_door_output_lists_both_door_nodes_and_the_virtual_ip(run: Run) -> None:
+    door = run.stack_outputs["door"]
+    assert (door["url"], door["node"], door["container"]) == (
+        f"http://{VIP}:31000", ROUTER_NODE, "kimipd-door")
+    assert door["nodes"] == {
+        ROUTER_NODE: {"role": "door", "container": "kimipd-door",
+                      "metricsUrl": f"http://{ROUTER_NODE}:29100/metrics",
+                      "keepalived": {"role": "keepalived", "container": "kimipd-keepalived"},
+                      "peer": OTHER},
+        OTHER: {"role": OTHER_DOOR, "container": "kimipd-door",
+                "metricsUrl": f"http://{OTHER}:29100/metrics",
+                "keepalived": {"role": "keepalived-174-1-60-6",
+                               "container": "kimipd-keepalived"},
+                "peer": ROUTER_NODE}}
+    assert door["virtualIp"] == {"address": VIP, "prefixLength": 32, "interface": "bond1",
+                                 "vrid": 51, "advertIntervalMs": 100,
+                                 "checkFile": "/opt/kimipd/router-31000/vip/door-down"}
+    assert {name: (slot["node"], slot["url"]) for name, slot in door["slots"].items()} == {
+        "a": (ROUTER_NODE, f"http://{ROUTER_NODE}:31001"), "b": (OTHER, f"http://{OTHER}:31002")}
+    containers = run.stack_outputs["containers"]
+    assert {role: containers[role]["node"] for role in (
+        "door", OTHER_DOOR, "router-a", "router-b", "keepalived", "keepalived-174-1-60-6")} == {
+        "door": ROUTER_NODE, OTHER_DOOR: OTHER, "router-a": ROUTER_NODE, "router-b": OTHER,
+        "keepalived": ROUTER_NODE, "keepalived-174-1-60-6": OTHER}
+    assert run.stack_outputs["nodes"][OTHER]["roles"][-3:] == [
+        OTHER_DOOR, "router-b", "keepalived-174-1-60-6"]
+
+
+def test_one_door_node_keeps_its_outputs(one_door_node: Run) -> None:
+    outputs = one_door_node.stack_outputs
+    assert outputs["routerUrl"] == f"http://{ROUTER_NODE}:31000"
+    door = outputs["door"]
+    assert "nodes" not in door and "virtualIp" not in door
+    assert not [slot for slot in door["slots"].values() if "node" in slot]
+    assert door["slots"]["b"]["url"] == f"http://{ROUTER_NODE}:31002"
+    assert outputs["nodes"][ROUTER_NODE]["roles"][-3:] == ["door", "router-a", "router-b"]

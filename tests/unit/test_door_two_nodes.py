@@ -59,8 +59,8 @@ def test_a_door_on_each_door_node_named_by_its_node_off_router_node(cfg: Cluster
 
 
 def test_roles_ports_and_metrics_follow_the_door_and_the_slot(cfg: ClusterConfig) -> None:
-    assert cfg.roles_of(ROUTER_NODE)[-2:] == ["door", "router-a"]
-    assert cfg.roles_of(OTHER)[-2:] == ["door-174-1-60-6", "router-b"]
+    assert cfg.roles_of(ROUTER_NODE)[-3:] == ["door", "router-a", "keepalived"]
+    assert cfg.roles_of(OTHER)[-3:] == ["door-174-1-60-6", "router-b", "keepalived-174-1-60-6"]
     other_ports = cfg.ports_on(OTHER)
     assert {port: other_ports[port] for port in (31000, 29100, 31002, 29002)} == {
         31000: "router.port", 29100: "router.door.metricsPort",
