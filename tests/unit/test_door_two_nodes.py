@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from components.config import ClusterConfig, load_cluster_config
+from components.config import ClusterConfig, ConfigError, load_cluster_config
 from components.render import (door_haproxy_config, door_plan, drain_command, firewall_ruleset,
                                preflight_command, prometheus_targets, restore_command,
                                router_command, router_plan, slot_admit_command,
@@ -79,6 +79,17 @@ def test_a_port_of_the_other_door_node_that_collides_is_refused(pro6000: dict) -
         "image": KEEPALIVED_IMAGE, "address": "174.1.60.100"}}
     with pytest.raises(Exception, match="31002 on 174.1.60.6 is already used"):
         load_cluster_config(pro6000)
+
+
+def test_the_other_door_node_cannot_be_taken_out_yet(pro6000: dict) -> None:
+    pro6000["router"]["door"] |= {"nodes": [ROUTER_NODE, OTHER], "virtualIp": {
+        "image": KEEPALIVED_IMAGE, "address": "174.1.60.100"}}
+    index = next(i for i, node in enumerate(pro6000["nodes"]) if node["address"] == OTHER)
+    pro6000["nodes"][index]["out"] = True
+    with pytest.raises(ConfigError) as refused:
+        load_cluster_config(pro6000)
+    assert (f"nodes[{index}].out: '174.1.60.6' is a door node (router.door.nodes), with a door, "
+            "router slot b and keepalived") in str(refused.value)
 
 
 def test_the_scripts_on_router_node_reach_slot_b_at_its_node(cfg: ClusterConfig) -> None:
