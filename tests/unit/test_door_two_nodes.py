@@ -92,6 +92,15 @@ def test_the_other_door_node_cannot_be_taken_out_yet(pro6000: dict) -> None:
             "router slot b and keepalived") in str(refused.value)
 
 
+def test_each_door_must_bind_every_address_for_the_virtual_ip(pro6000: dict) -> None:
+    pro6000["router"]["door"] |= {"nodes": [ROUTER_NODE, OTHER], "virtualIp": {
+        "image": KEEPALIVED_IMAGE, "address": "174.1.60.100"}}
+    pro6000["router"]["host"] = ROUTER_NODE
+    with pytest.raises(ConfigError) as refused:
+        load_cluster_config(pro6000)
+    assert "router.host: '174.1.60.5' is where each door binds router.port" in str(refused.value)
+
+
 def test_the_scripts_on_router_node_reach_slot_b_at_its_node(cfg: ClusterConfig) -> None:
     assert "--router http://127.0.0.1:31001 --router http://174.1.60.6:31002" in drain_command(
         cfg, next(iter(cfg.groups)))
