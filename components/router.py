@@ -52,7 +52,6 @@ class RouterApiKey(pulumi.ComponentResource):
         # router.node's keeps its names; the other door node's (slot b's) names the node.
         suffix = "" if node.address == cfg.router.node else "-" + node.address.replace(".", "-")
         super().__init__("kimipd:router:RouterApiKey", f"router-key{suffix}", None, opts)
-        self.address = node.address
         # The secret reaches the node on stdin. A new key is a new file resource, whose id each
         # router carries as a label: the routers restart with it, and every group is admitted
         # again.
