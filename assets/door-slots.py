@@ -6,6 +6,8 @@ membership in each slot is router-members.py's.
   unwant  --slot S                           slot S is leaving (the stack is destroyed)
   drain   --slot S --other O --door-socket F --drain-timeout S
   admit   --slot S --door-socket F [--mini-lb] --router URL
+  door-drain --slot S --door-socket F --drain-timeout S     (the other door node's door)
+  door-admit --slot S --door-socket F [--mini-lb] --router URL  (the other door node's door)
 
 Common: --router URL (loopback) --api-key-file F --state-dir D --timeout S --interval S.
 
@@ -14,6 +16,11 @@ of a mode: drain takes it once the other slot is up at the door, sets its own se
 there (no new request; HAProxy's runtime API) and waits for its open requests; admit registers
 every group, waits for /readiness, sets the server ready, waits until the door's health check
 sees it up, and gives the lease back.
+
+With the door on two nodes, the state (markers, leases) stays on the router's node, whose door
+drain and admit decide; each door on the other node follows with door-drain (after the router
+node's drain: no new request there either, then its open ones finish) and door-admit (before
+the router node's admission gives the lease back: the slot is up at both doors first).
 """
 
 from __future__ import annotations
@@ -82,7 +89,13 @@ def slot_drain(args, state: State) -> int:
             log(f"{me}: waiting: {waiting_for}")
             last_said, said_at = waiting_for, elapsed
         time.sleep(args.interval)
-    # Open requests (streams included) finish through the slot; the door sends it nothing new.
+    wait_drained(args, door, me)
+    return 0
+
+
+def wait_drained(args, door: Door, me: str) -> None:
+    """Open requests (streams included) finish through the slot; the door sends it nothing
+    new."""
     def open_requests() -> int:
         row = (door.servers() or {}).get(me, {})
         return int(row.get("scur") or 0) + int(row.get("qcur") or 0)
@@ -92,6 +105,17 @@ def slot_drain(args, state: State) -> int:
               lambda current: f"{me}: {current} request(s) still open after "
                               f"{args.drain_timeout}s (router.drainTimeoutSeconds); replacing "
                               "it anyway")
+
+
+def door_drain(args) -> int:
+    """At the other door node's door, after the router node's drain (which took the slot lease
+    once the other slot served): slot S set to drain here too, and its open requests here end."""
+    door, me = Door(args.door_socket), f"slot-{args.slot}"
+    if door.servers() is None:
+        log(f"{me}: this door does not answer; nothing to drain")
+        return 0
+    door.set_state(me, "drain")
+    wait_drained(args, door, me)
     return 0
 
 
@@ -122,6 +146,15 @@ def slot_admit(args, router: Router, state: State) -> int:
     wait_until(not_ready, args.timeout, args.interval,
                lambda why, elapsed: f"{me} ({router.url}) not ready after {elapsed:.0f}s: {why}",
                say=lambda why: log(f"{me}: waiting: {why}"))
+    set_ready_until_up(args, door, me, start)
+    with state.locked():
+        gave_back = state.give_back(SLOT_LEASE, args.slot)
+    log(f"{me}: up at the door" + ("; slot lease given back" if gave_back else ""))
+    return 0
+
+
+def set_ready_until_up(args, door: Door, me: str, start: float) -> None:
+    """Slot ME set ready at DOOR; done when the door's own health check sees it up."""
     door.set_state(me, "ready")
 
     def not_up() -> str | None:
@@ -133,15 +166,33 @@ def slot_admit(args, router: Router, state: State) -> int:
                lambda why, _: f"{me} set ready, but the door's health check does not see it up "
                               f"after {args.timeout:.0f}s ({why}; `kimipd logs door` says why)",
                say=lambda _: None)
-    with state.locked():
-        gave_back = state.give_back(SLOT_LEASE, args.slot)
-    log(f"{me}: up at the door" + ("; slot lease given back" if gave_back else ""))
+
+
+def door_admit(args, router: Router) -> int:
+    """At the other door node's door, before the router node's admission gives the slot lease
+    back: once slot S's new router serves (/readiness: a healthy prefill and decode; MiniLB:
+    /health), set ready here until this door's check sees it up. Which groups it serves is the
+    router node's admission's to check; here it needs only to serve."""
+    door, me = Door(args.door_socket), f"slot-{args.slot}"
+    start = time.monotonic()
+    path = "/health" if args.mini_lb else "/readiness"
+
+    def not_ready() -> str | None:
+        status, _ = router.call("GET", path)
+        return None if status == 200 else f"{path} {status}"
+
+    wait_until(not_ready, args.timeout, args.interval,
+               lambda why, elapsed: f"{me} ({router.url}) not ready after {elapsed:.0f}s: {why}",
+               say=lambda why: log(f"{me}: waiting: {why}"))
+    set_ready_until_up(args, door, me, start)
+    log(f"{me}: up at this door")
     return 0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="door-slots.py")
-    parser.add_argument("action", choices=["want", "unwant", "drain", "admit"])
+    parser.add_argument("action", choices=["want", "unwant", "drain", "admit", "door-drain",
+                                           "door-admit"])
     common_arguments(parser)
     parser.add_argument("--slot", required=True)
     parser.add_argument("--other")
@@ -149,6 +200,13 @@ def main() -> int:
     parser.add_argument("--drain-timeout", type=float, default=600)
     parser.add_argument("--mini-lb", action="store_true")
     args = parser.parse_args()
+    # The other door node's door holds no state: the router node's decides.
+    if args.action == "door-drain":
+        return door_drain(args)
+    if args.action == "door-admit":
+        if len(args.router) != 1:
+            parser.error("door-admit needs the slot's own --router")
+        return door_admit(args, Router(args.router[0], None))
     state = State(args.state_dir)
     if args.action == "want":
         state.mark(state.slot_marker(args.slot), "serving")

@@ -15,6 +15,9 @@ from .render import (
     mooncake_master_plan,
     prometheus_targets,
     door_admin_socket,
+    door_check_file,
+    keepalived_plan,
+    slot_url,
     door_plan,
     door_url,
     router_plan,
@@ -24,8 +27,10 @@ from .render import (
     slot_server,
     sglang_rank_plan,
 )
+from .render.keepalived import virtual_ip_interface
 from .router import Door, Membership, Router, RouterApiKey, RouterReadiness, SmokeTest
 from .serving import ServingGroup
+from .virtual_ip import VirtualIp
 
 
 class Cluster(pulumi.ComponentResource):
@@ -117,12 +122,21 @@ class Cluster(pulumi.ComponentResource):
         }
         decode_gates = [group.gate for group in self.decode.values()]
         router_node = self.nodes[cfg.router.node]
-        # With the door: HAProxy on router.port first, then its two slots, each a router of its
-        # own; they roll one at a time through the slot lease (Router._behind_door).
-        self.door = (Door(cfg, self.nodes, door_tls_key, opts=child)
-                     if cfg.router.door is not None else None)
-        api_key = (RouterApiKey(cfg, router_node, router_api_key, opts=child)
-                   if cfg.router.kind == "rust" and router_api_key is not None else None)
+        # With the door: HAProxy on router.port first (on each door node), then its two slots,
+        # each a router of its own; they roll one at a time through the slot lease
+        # (Router._behind_doors).
+        self.doors = [Door(cfg, self.nodes, address, door_tls_key, opts=child)
+                      for address in cfg.door_nodes]
+        # On two door nodes: the address clients use, held by one of them (keepalived).
+        door = cfg.router.door
+        self.virtual_ips = ([VirtualIp(cfg, self.nodes, each, opts=child) for each in self.doors]
+                            if door is not None and door.virtual_ip is not None else [])
+        # Every node a router runs on reads the key from its own file.
+        slot_nodes = {slot: cfg.router.node if slot is None else cfg.slot_node(slot)
+                      for slot in router_slots(cfg)}
+        api_keys = ({address: RouterApiKey(cfg, self.nodes[address], router_api_key, opts=child)
+                     for address in dict.fromkeys(slot_nodes.values())}
+                    if cfg.router.kind == "rust" and router_api_key is not None else {})
         if cfg.router.kind == "mini-lb":
             # Its worker list is fixed at start: every group healthy, whatever the start order.
             router_waits_for = [*prefill_gates, *decode_gates]
@@ -130,8 +144,9 @@ class Cluster(pulumi.ComponentResource):
             # Up with the nodes; each group joins it through its Membership once its own gate
             # passes, and leaves it (drained) before its containers are replaced.
             router_waits_for = every_node_ready
-        self.routers = [Router(cfg, self.nodes, wait_for=router_waits_for, api_key=api_key,
-                               slot=slot, door=self.door, opts=child)
+        self.routers = [Router(cfg, self.nodes, wait_for=router_waits_for,
+                               api_key=api_keys.get(slot_nodes[slot]), slot=slot,
+                               doors=self.doors, opts=child)
                         for slot in router_slots(cfg)]
         router_gates: list[RouterReadiness] = []
         if cfg.router.kind == "rust":
@@ -143,8 +158,9 @@ class Cluster(pulumi.ComponentResource):
                                             opts=child)]
         self.smoke_test = SmokeTest(
             cfg, router_node, self.routers,
-            [self.mooncake_master.gate, *prefill_gates, *decode_gates, *router_gates],
-            door=self.door, opts=child)
+            [self.mooncake_master.gate, *prefill_gates, *decode_gates, *router_gates,
+             *[virtual_ip.gate for virtual_ip in self.virtual_ips]],
+            doors=self.doors, opts=child)
         self.outputs |= {
             "containers": container_outputs(cfg),
             "routerUrl": router_url(cfg),
@@ -170,20 +186,41 @@ def firewall_output(cfg: ClusterConfig) -> dict[str, object]:
 
 
 def door_output(cfg: ClusterConfig) -> dict[str, object] | None:
-    """Where the door and its slots are (kimipd status, logs and the bench read it); plain data."""
+    """Where the door and its slots are (kimipd status, logs and the bench read it); plain data.
+    On two door nodes also where each slot runs, each door node's door and keepalived, and the
+    virtual IP between them (`node` stays router.node: the slot lease and the markers)."""
     door = cfg.router.door
     if door is None:
         return None
     node = cfg.router.node
-    return {
+    vip = door.virtual_ip if door.nodes is not None else None
+    slots: dict[str, dict[str, object]] = {}
+    for name, slot in door.slot_named().items():
+        slots[name] = {"url": slot_url(cfg, name), "port": slot.port,
+                       "metricsPort": slot.metrics_port, "role": slot_role(name),
+                       "container": router_plan(cfg, name).name, "server": slot_server(name)}
+        if vip is not None:
+            slots[name]["node"] = cfg.slot_node(name)
+    output: dict[str, object] = {
         "url": door_url(cfg), "tls": door.tls is not None, "node": node,
         "metricsUrl": f"http://{node}:{door.metrics_port}/metrics",
         "adminSocket": door_admin_socket(cfg), "container": door_plan(cfg).name,
-        "slots": {name: {"url": f"http://{node}:{slot.port}", "port": slot.port,
-                         "metricsPort": slot.metrics_port, "role": slot_role(name),
-                         "container": router_plan(cfg, name).name, "server": slot_server(name)}
-                  for name, slot in door.slot_named().items()},
+        "slots": slots,
     }
+    if vip is None:
+        return output
+    output["nodes"] = {
+        address: {"role": door_plan(cfg, address).role, "container": door_plan(cfg, address).name,
+                  "metricsUrl": f"http://{address}:{door.metrics_port}/metrics",
+                  "keepalived": {"role": keepalived_plan(cfg, address).role,
+                                 "container": keepalived_plan(cfg, address).name},
+                  "peer": cfg.door_peer(address)}
+        for address in cfg.door_nodes}
+    output["virtualIp"] = {"address": vip.address, "prefixLength": vip.prefix_length,
+                           "interface": virtual_ip_interface(cfg), "vrid": vip.vrid,
+                           "advertIntervalMs": vip.advert_interval_ms,
+                           "checkFile": door_check_file(cfg)}
+    return output
 
 
 def container_outputs(cfg: ClusterConfig) -> dict[str, dict[str, object]]:
@@ -191,8 +228,8 @@ def container_outputs(cfg: ClusterConfig) -> dict[str, dict[str, object]]:
     plans = [mooncake_master_plan(cfg)]
     for name, group in cfg.groups.items():
         plans += [sglang_rank_plan(cfg, name, rank) for rank in range(len(group.nodes))]
-    if cfg.router.door is not None:
-        plans.append(door_plan(cfg))
+    plans += [door_plan(cfg, address) for address in cfg.door_nodes]
     plans += [router_plan(cfg, slot) for slot in router_slots(cfg)]
+    plans += [keepalived_plan(cfg, address) for address in cfg.virtual_ip_nodes]
     return {plan.role: {"node": plan.node, "container": plan.name, "healthUrl": plan.health_url}
             for plan in plans}

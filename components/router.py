@@ -20,6 +20,8 @@ from .render import (
     door_url,
     remove_door_files_command,
     slot_admit_command,
+    slot_door_admit_command,
+    slot_door_drain_command,
     slot_drain_command,
     slot_unwant_command,
     slot_want_command,
@@ -42,16 +44,19 @@ from .serving import ServingGroup
 
 
 class RouterApiKey(pulumi.ComponentResource):
-    """The rust router's key on its node, in a file only root reads (every slot reads it)."""
+    """The rust router's key on a router node, in a file only root reads (every slot on the node
+    reads it, and the scripts that talk to the slots on router.node)."""
 
     def __init__(self, cfg: ClusterConfig, node: Node, api_key: pulumi.Input[str],
                  opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("kimipd:router:RouterApiKey", "router-key", None, opts)
+        # router.node's keeps its names; the other door node's (slot b's) names the node.
+        suffix = "" if node.address == cfg.router.node else "-" + node.address.replace(".", "-")
+        super().__init__("kimipd:router:RouterApiKey", f"router-key{suffix}", None, opts)
         # The secret reaches the node on stdin. A new key is a new file resource, whose id each
         # router carries as a label: the routers restart with it, and every group is admitted
         # again.
         self.file = command.remote.Command(
-            "router-api-key",
+            f"router-api-key{suffix}",
             connection=node.connection,
             create=write_api_key_command(cfg),
             delete=f"rm -f {router_api_key_file(cfg)} {router_auth_header_file(cfg)}",
@@ -60,7 +65,8 @@ class RouterApiKey(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=node.ready,
                                         delete_before_replace=True,
                                         # It was the (one) router's own child.
-                                        aliases=[pulumi.Alias(parent=_old_router_urn())]))
+                                        aliases=[pulumi.Alias(parent=_old_router_urn())]
+                                        if not suffix else None))
         self.register_outputs({})
 
 
@@ -70,20 +76,26 @@ def _old_router_urn() -> str:
 
 
 class Door(pulumi.ComponentResource):
-    """HAProxy on the router's node, owning router.port in front of the two router slots.
+    """HAProxy on a door node (router.node, and with router.door.nodes the other one too),
+    owning router.port in front of the two router slots.
 
     Its configuration is a file the door reloads (master-worker: the listener stays open), so a
-    change of it refuses no connection; only a new door image replaces the container."""
+    change of it refuses no connection; only a new door image replaces the container. Every
+    resource of router.node's door keeps the names it had with one door node; the other door
+    node's are named by its role (door-A-B-C-D)."""
 
-    def __init__(self, cfg: ClusterConfig, nodes: Mapping[str, Node],
+    def __init__(self, cfg: ClusterConfig, nodes: Mapping[str, Node], address: str,
                  tls_key: pulumi.Input[str] | None,
                  opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("kimipd:router:Door", "door", None, opts)
-        node = nodes[cfg.router.node]
+        plan = door_plan(cfg, address)
+        role = plan.role
+        super().__init__("kimipd:router:Door", role, None, opts)
+        self.role, self.address = role, address
+        node = nodes[address]
         spec = door_spec(cfg)
         child = pulumi.ResourceOptions(parent=self)
         self.image = docker.RemoteImage(
-            "door-image", name=spec.image, keep_locally=True,
+            f"{role}-image", name=spec.image, keep_locally=True,
             opts=pulumi.ResourceOptions(parent=self, provider=node.provider,
                                         depends_on=node.ready))
         files: list[pulumi.Resource] = []
@@ -91,7 +103,7 @@ class Door(pulumi.ComponentResource):
             if tls_key is None:
                 raise ValueError("router.door.tls needs the secret doorTlsKey")
             self.tls = command.remote.Command(
-                "door-tls",
+                f"{role}-tls",
                 connection=node.connection,
                 create=write_door_tls_command(cfg),
                 update=write_door_tls_command(cfg),
@@ -102,19 +114,18 @@ class Door(pulumi.ComponentResource):
             files.append(self.tls)
         # Changed in place (update): the door reloads it, keeping its listener.
         self.config = command.remote.Command(
-            "door-config",
+            f"{role}-config",
             connection=node.connection,
             create=write_door_config_command(cfg),
             update=write_door_config_command(cfg),
             delete=remove_door_files_command(cfg),
             stdin=door_haproxy_config(cfg),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.image, *files]))
-        plan = door_plan(cfg)
         # Removed with SIGUSR1 (door_plan): its open streams get as long as a slot's.
         self.container = node_container(plan, node, depends_on=[self.config], parent=self,
                                         image=self.image.image_id,
                                         stop_grace_seconds=cfg.router.drain_timeout_seconds + 5)
-        self.gate = HealthGate("door-ready", cfg, nodes, [plan], [self.container], opts=child)
+        self.gate = HealthGate(f"{role}-ready", cfg, nodes, [plan], [self.container], opts=child)
         self.url = door_url(cfg)
         self.register_outputs({"url": self.url})
 
@@ -128,12 +139,15 @@ class Router(pulumi.ComponentResource):
 
     def __init__(self, cfg: ClusterConfig, nodes: Mapping[str, Node],
                  wait_for: Sequence[pulumi.Resource], api_key: RouterApiKey | None = None,
-                 slot: str | None = None, door: Door | None = None,
+                 slot: str | None = None, doors: Sequence[Door] = (),
                  opts: pulumi.ResourceOptions | None = None) -> None:
         plan = router_plan(cfg, slot)
         super().__init__("kimipd:router:Router", plan.role, None, opts)
         self.role = plan.role
         node = nodes[plan.node]
+        # Where the markers, the leases and the scripts that talk to every slot are: router.node
+        # (slot b on the other door node included, reached at its node's address).
+        state_node = nodes[cfg.router.node]
         extra_labels: dict[str, pulumi.Input[str]] = {}
         key_files: list[pulumi.Resource] = []
         if api_key is not None:
@@ -155,20 +169,38 @@ class Router(pulumi.ComponentResource):
             # without waiting for their admissions (which also wait for their own gates).
             self.restore = command.remote.Command(
                 f"{plan.role}-restore",
-                connection=node.connection,
+                connection=state_node.connection,
                 create=restore_command(cfg, slot),
                 triggers=[self.container.id],
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[self.gate]))
         self.at_door: command.remote.Command | None = None
-        if slot is not None and door is not None:
-            self._behind_door(cfg, node, slot, door)
+        if slot is not None and doors:
+            self._behind_doors(cfg, nodes, slot, doors)
         self.url = pulumi.Output.from_input(router_url(cfg))
         self.register_outputs({"url": self.url})
 
-    def _behind_door(self, cfg: ClusterConfig, node: Node, slot: str, door: Door) -> None:
-        """The slot's place at the door, like a group's in the router (render/membership.py):
-        drained at the door before its container goes, set ready there once it serves."""
+    def _behind_doors(self, cfg: ClusterConfig, nodes: Mapping[str, Node], slot: str,
+                      doors: Sequence[Door]) -> None:
+        """The slot's place at each door, like a group's in the router (render/membership.py):
+        drained at every door before its container goes, set ready at each once it serves.
+        router.node's door decides (the slot lease and the markers are there); the other door
+        node's follows: drained after it, ready before it gives the lease back."""
         role = self.role
+        node = nodes[cfg.router.node]
+        door = next(door for door in doors if door.address == cfg.router.node)
+        others = [other for other in doors if other is not door]
+        # Deleted after router.node's drain (which depends on them): no new request at either
+        # door, then this door's open ones end.
+        self.other_door_drains = [
+            command.remote.Command(
+                f"{role}-{other.role}-drain",
+                connection=nodes[other.address].connection,
+                create="true",
+                delete=slot_door_drain_command(cfg, slot),
+                triggers=[self.container.id],
+                opts=pulumi.ResourceOptions(parent=self,
+                                            depends_on=[self.container, other.container]))
+            for other in others]
         # Replaced with the container, deleted before it: its delete is the drain, which waits
         # for the slot lease (the other slot up at the door): Pulumi alone would replace both
         # slots at once (delete-before-replace deletes dependents first).
@@ -178,8 +210,8 @@ class Router(pulumi.ComponentResource):
             create="true",
             delete=slot_drain_command(cfg, slot),
             triggers=[self.container.id],
-            opts=pulumi.ResourceOptions(parent=self,
-                                        depends_on=[self.container, door.container]))
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[
+                self.container, door.container, *self.other_door_drains]))
         # "This slot should serve": gone first on destroy, so the drain then waits for nothing.
         self.door_want = command.remote.Command(
             f"{role}-door-want",
@@ -187,14 +219,26 @@ class Router(pulumi.ComponentResource):
             create=slot_want_command(cfg, slot),
             delete=slot_unwant_command(cfg, slot),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.door_drain]))
+        restored = [self.restore] if self.restore else []
+        # Ready at the other door node's door first: router.node's admission gives the lease
+        # back, and the other slot's drain may then start.
+        self.other_door_admits = [
+            command.remote.Command(
+                f"{role}-{other.role}-admit",
+                connection=nodes[other.address].connection,
+                create=slot_door_admit_command(cfg, slot),
+                triggers=[self.container.id],
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[
+                    self.gate, other.gate, self.door_want, drain, *restored]))
+            for other, drain in zip(others, self.other_door_drains, strict=True)]
         self.at_door = command.remote.Command(
             f"{role}-door-admit",
             connection=node.connection,
             create=slot_admit_command(cfg, slot),
             triggers=[self.container.id],
             opts=pulumi.ResourceOptions(parent=self, depends_on=[
-                self.gate, door.gate, self.door_want, self.door_drain,
-                *([self.restore] if self.restore else [])]))
+                self.gate, door.gate, self.door_want, self.door_drain, *restored,
+                *self.other_door_admits]))
 
 
 class Membership(pulumi.ComponentResource):
@@ -269,7 +313,7 @@ class SmokeTest(pulumi.ComponentResource):
     text: pulumi.Output[str]
 
     def __init__(self, cfg: ClusterConfig, node: Node, routers: Sequence[Router],
-                 gates: Sequence[HealthGate | RouterReadiness], door: Door | None = None,
+                 gates: Sequence[HealthGate | RouterReadiness], doors: Sequence[Door] = (),
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("kimipd:router:SmokeTest", "smoke-test", None, opts)
         # With the door: through it, once both slots are up there.
@@ -282,7 +326,7 @@ class SmokeTest(pulumi.ComponentResource):
             create=smoke_test_command(cfg),
             triggers=[*[router.container.id for router in routers],
                       *[check.id for gate in gates for check in gate.checks],
-                      *([door.container.id] if door else [])],
+                      *[door.container.id for door in doors]],
             opts=pulumi.ResourceOptions(parent=self, depends_on=[
                 *[router.gate for router in routers], *at_door]),
         )

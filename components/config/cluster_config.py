@@ -95,21 +95,53 @@ class ClusterConfig(Model):
         ports = {group.http_port for group in self.groups.values() if address in group.nodes}
         if self.mooncake_master.node == address:
             ports.add(self.mooncake_master.metrics_port)
-        if self.router.node == address:
-            door = self.router.door
-            if door is not None:
-                ports.add(door.metrics_port)
-            if self.router.kind == "rust":
-                ports |= ({slot.metrics_port for slot in door.slots} if door is not None
-                          else {self.router.metrics_port})
+        door = self.router.door
+        if door is None:
+            if self.router.node == address and self.router.kind == "rust":
+                ports.add(self.router.metrics_port)
+            return sorted(ports)
+        if address in self.door_nodes:
+            ports.add(door.metrics_port)
+        if self.router.kind == "rust":
+            ports |= {slot.metrics_port for name, slot in door.slot_named().items()
+                      if self.slot_node(name) == address}
         return sorted(ports)
 
     @property
     def router_roles(self) -> list[str]:
-        """The router's containers: one `router`, or the door and its two slots."""
+        """The router's containers: one `router`, or each door and the two slots."""
         if self.router.door is None:
             return ["router"]
-        return ["door", *(f"router-{name}" for name in SLOT_NAMES)]
+        return [*(self.door_role(node) for node in self.door_nodes),
+                *(f"router-{name}" for name in SLOT_NAMES),
+                *(self.keepalived_role(node) for node in self.virtual_ip_nodes)]
+
+    @property
+    def virtual_ip_nodes(self) -> list[str]:
+        """The door nodes keepalived runs on: both, when a virtual IP moves between them."""
+        door = self.router.door
+        return list(door.nodes) if door is not None and door.nodes is not None and \
+            door.virtual_ip is not None else []
+
+    def keepalived_role(self, address: str) -> str:
+        """keepalived on ADDRESS, named as the door there is: `keepalived` on router.node,
+        `keepalived-A-B-C-D` on the other door node."""
+        return "keepalived" + self.door_role(address).removeprefix("door")
+
+    def door_role(self, address: str) -> str:
+        """The door on ADDRESS: `door` on router.node (as with one door node), `door-A-B-C-D`
+        on the other door node."""
+        return "door" if address == self.router.node else "door-" + address.replace(".", "-")
+
+    def slot_node(self, slot: str) -> str:
+        """Where router slot SLOT runs: slot a on router.node; slot b on the other door node
+        when the door stands on two, else on router.node too."""
+        door = self.router.door
+        if slot == SLOT_NAMES[0] or door is None or door.nodes is None:
+            return self.router.node
+        # Both the same, or router.node left out: refused (rules/door.py), but the other rules
+        # run over the same config first.
+        return next((node for node in door.nodes if node != self.router.node), self.router.node)
 
     @property
     def door_nodes(self) -> list[str]:
@@ -165,8 +197,15 @@ class ClusterConfig(Model):
         for name, group in self.groups.items():
             if address in group.nodes:
                 roles.append(f"{name}-r{group.nodes.index(address)}")
-        if self.router.node == address:
-            roles += self.router_roles
+        if self.router.door is None:
+            if self.router.node == address:
+                roles.append("router")
+            return roles
+        if address in self.door_nodes:
+            roles.append(self.door_role(address))
+        roles += [f"router-{name}" for name in SLOT_NAMES if self.slot_node(name) == address]
+        if address in self.virtual_ip_nodes:
+            roles.append(self.keepalived_role(address))
         return roles
 
     def port_bindings(self) -> Iterator[PortBinding]:
@@ -186,18 +225,22 @@ class ClusterConfig(Model):
                 for offset in range(8):
                     yield PortBinding(group.rank0, group.dist_init_port + offset,
                                       f"groups.{name}.distInitPort", name, offset)
-        yield PortBinding(self.router.node, self.router.port, "router.port")
         door = self.router.door
         if door is None:
+            yield PortBinding(self.router.node, self.router.port, "router.port")
             if self.router.kind == "rust":
                 yield PortBinding(self.router.node, self.router.metrics_port,
                                   "router.metricsPort")
             return
-        yield PortBinding(self.router.node, door.metrics_port, "router.door.metricsPort")
-        for index, slot in enumerate(door.slots):
-            yield PortBinding(self.router.node, slot.port, f"router.door.slots[{index}].port")
+        # Every door binds router.port and its exporter on its own node.
+        for node in self.door_nodes:
+            yield PortBinding(node, self.router.port, "router.port")
+            yield PortBinding(node, door.metrics_port, "router.door.metricsPort")
+        for index, (name, slot) in enumerate(door.slot_named().items()):
+            node = self.slot_node(name)
+            yield PortBinding(node, slot.port, f"router.door.slots[{index}].port")
             if self.router.kind == "rust":
-                yield PortBinding(self.router.node, slot.metrics_port,
+                yield PortBinding(node, slot.metrics_port,
                                   f"router.door.slots[{index}].metricsPort")
 
     def ports_on(self, address: str) -> dict[int, str]:

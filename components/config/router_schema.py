@@ -55,6 +55,9 @@ class VirtualIpSpec(Model):
     (docs/vrrp-trial.md)."""
 
     address: str
+    # keepalived (Debian 12's package, with bash) in an image pinned by digest, run on both
+    # door nodes with the door's check loop beside it.
+    image: str
     # Where the address is added and VRRP is spoken; unset: network.computeInterface, the one
     # the nodes' addresses are on.
     interface: str | None = None
@@ -76,6 +79,13 @@ class VirtualIpSpec(Model):
             raise ValueError(f"{value!r} is not an IPv4 address; write a free address on the "
                              "door nodes' network, e.g. 174.1.60.100") from None
         return value
+
+    @field_validator("image")
+    @classmethod
+    def _image_reference(cls, value: str) -> str:
+        return checked_image_reference(value, "REPOSITORY@sha256:DIGEST, an image with Debian's "
+                                              "keepalived and bash, e.g. REGISTRY/keepalived@"
+                                              "sha256:...")
 
     @field_validator("interface")
     @classmethod

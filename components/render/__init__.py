@@ -18,10 +18,12 @@ from .door import (DOOR, door_admin_socket, door_ca_file, door_haproxy_config, d
 from .firewall import (firewall_apply_command, firewall_remove_command, firewall_ruleset,
                        firewall_table)
 from .keepalived import (door_check_file, keepalived_config, keepalived_config_file,
-                         virtual_ip_dir)
+                         keepalived_plan, remove_virtual_ip_files_command, virtual_ip_dir,
+                         virtual_ip_spec, write_keepalived_config_command)
 from .layout import MOONCAKE_MASTER, NODE_ASSET_DIR, NODE_SCRIPTS, ROUTER, rank_role
 from .membership import (admit_command, drain_command, restore_command, router_ready_command,
-                         slot_admit_command, slot_drain_command, slot_unwant_command,
+                         slot_admit_command, slot_door_admit_command, slot_door_drain_command,
+                         slot_drain_command, slot_unwant_command,
                          slot_want_command, unwant_command, want_command)
 from .mooncake_master import mooncake_master_address, mooncake_master_command, mooncake_master_plan
 from .node_files import (prepare_dirs_command, prepare_image_command, prepared_image_id,
@@ -48,6 +50,8 @@ __all__ = [
     "remove_door_files_command",
     "router_slots",
     "slot_admit_command",
+    "slot_door_admit_command",
+    "slot_door_drain_command",
     "slot_drain_command",
     "slot_role",
     "slot_server",
@@ -83,7 +87,11 @@ __all__ = [
     "door_check_file",
     "keepalived_config",
     "keepalived_config_file",
+    "keepalived_plan",
+    "remove_virtual_ip_files_command",
     "virtual_ip_dir",
+    "virtual_ip_spec",
+    "write_keepalived_config_command",
     "group_endpoint",
     "image_env_check_command",
     "mooncake_master_address",

@@ -70,14 +70,18 @@ def door_ca_file(cfg: ClusterConfig | int) -> str:
 
 
 def door_url(cfg: ClusterConfig) -> str:
-    scheme = "https" if door_spec(cfg).tls is not None else "http"
-    return f"{scheme}://{cfg.router.node}:{cfg.router.port}"
+    """Where clients reach the door: router.node, or the virtual IP when the door stands on two
+    nodes (whichever holds it answers)."""
+    door = door_spec(cfg)
+    scheme = "https" if door.tls is not None else "http"
+    host = door.virtual_ip.address if door.virtual_ip is not None else cfg.router.node
+    return f"{scheme}://{host}:{cfg.router.port}"
 
 
-def door_health_url(cfg: ClusterConfig) -> str:
+def door_health_url(cfg: ClusterConfig, address: str | None = None) -> str:
     """The door's own liveness (HAProxy's monitor-uri on the exporter's plain-HTTP port): up even
-    while no slot is."""
-    return f"http://{cfg.router.node}:{door_spec(cfg).metrics_port}/health"
+    while no slot is. ADDRESS: the door node (unset: router.node)."""
+    return f"http://{address or cfg.router.node}:{door_spec(cfg).metrics_port}/health"
 
 
 def slot_port(cfg: ClusterConfig, slot: str) -> int:
@@ -85,11 +89,14 @@ def slot_port(cfg: ClusterConfig, slot: str) -> int:
 
 
 def slot_url(cfg: ClusterConfig, slot: str) -> str:
-    return f"http://{cfg.router.node}:{slot_port(cfg, slot)}"
+    return f"http://{cfg.slot_node(slot)}:{slot_port(cfg, slot)}"
 
 
-def slot_loopback_url(cfg: ClusterConfig, slot: str) -> str:
-    return f"http://127.0.0.1:{slot_port(cfg, slot)}"
+def slot_server_address(cfg: ClusterConfig, slot: str) -> str:
+    """Where the door sends to SLOT: on loopback when the door stands on router.node alone;
+    with two door nodes, at the slot's node, so that each door sends to both slots."""
+    host = "127.0.0.1" if door_spec(cfg).nodes is None else cfg.slot_node(slot)
+    return f"{host}:{slot_port(cfg, slot)}"
 
 
 def slot_check_path(cfg: ClusterConfig) -> str:
@@ -163,7 +170,7 @@ def door_haproxy_config(cfg: ClusterConfig) -> str:
         "fall 2 rise 2",
     ]
     for slot in SLOT_NAMES:
-        lines.append(f"    server {slot_server(slot)} {slot_loopback_url(cfg, slot)[7:]} check")
+        lines.append(f"    server {slot_server(slot)} {slot_server_address(cfg, slot)} check")
     return "\n".join(lines) + "\n"
 
 
@@ -209,15 +216,20 @@ def write_door_tls_command(cfg: ClusterConfig) -> str:
             f"{shell([ca])} && {reload_door_command(cfg)}")
 
 
-def door_plan(cfg: ClusterConfig) -> ContainerPlan:
-    plan = container_plan(cfg, DOOR, cfg.router.node,
-                          ["-W", "-db", "-f", door_config_file(cfg)], {}, door_health_url(cfg),
-                          gpu_workload=False)
+def door_plan(cfg: ClusterConfig, address: str | None = None) -> ContainerPlan:
+    """The door on ADDRESS (unset: router.node): the same container, config and directory on
+    either door node; its role names the node unless it is router.node's."""
+    node = address or cfg.router.node
+    role = cfg.door_role(node)
+    plan = container_plan(cfg, role, node,
+                          ["-W", "-db", "-f", door_config_file(cfg)], {},
+                          door_health_url(cfg, node), gpu_workload=False)
     # Only its own directory; no restart generation either: replacing the door refuses
     # connections, so only a change of the door itself (its image) does (docs/door.md).
     # SIGUSR1: HAProxy's soft stop (refuse new connections, finish the open ones); docker's
     # SIGTERM would cut every stream at once.
-    return dataclasses.replace(plan, labels={"kimipd.role": DOOR},
+    # Named kimipd-door on every door node: the config command reloads it by that name.
+    return dataclasses.replace(plan, name=container_name(DOOR), labels={"kimipd.role": role},
                                mounts=[(door_dir(cfg), door_dir(cfg), False)],
                                entrypoint=[HAPROXY], ulimits={}, stop_signal="SIGUSR1",
                                user=DOOR_USER)

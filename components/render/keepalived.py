@@ -17,12 +17,23 @@ docs/vrrp-trial.md has the figures behind each choice.
 
 from __future__ import annotations
 
+import dataclasses
 from decimal import Decimal
 
 from ..config import ClusterConfig
 from ..config.router_schema import VirtualIpSpec
+from .container_plan import ContainerPlan, container_plan
+from .door import door_spec
 from .firewall import firewall_table
-from .layout import router_state_dir
+from .layout import NODE_ASSET_DIR, VIRTUAL_IP_SCRIPT, container_name, router_state_dir, shell
+
+KEEPALIVED = "keepalived"
+# To add and remove the address and send gratuitous ARP (NET_ADMIN), and to speak VRRP, IP
+# protocol 112, on a raw socket (NET_RAW, NET_BROADCAST); nothing else of root's.
+KEEPALIVED_CAPABILITIES = ["NET_ADMIN", "NET_RAW", "NET_BROADCAST"]
+# Long enough for keepalived's priority-0 advert on SIGTERM (the trial's graceful stop moved
+# the address in 0.06-0.08 s).
+KEEPALIVED_STOP_GRACE_SECONDS = 10
 
 # The instance's name in keepalived's log and state; one per door (one router port per node).
 INSTANCE = "door"
@@ -108,3 +119,48 @@ vrrp_instance {INSTANCE} {{
     }}
 }}
 """
+
+
+def virtual_ip_url(cfg: ClusterConfig) -> str:
+    """The door's /health through the virtual IP: whichever door node holds it answers."""
+    return f"http://{virtual_ip_spec(cfg).address}:{door_spec(cfg).metrics_port}/health"
+
+
+def keepalived_plan(cfg: ClusterConfig, address: str) -> ContainerPlan:
+    """keepalived and the door's check loop in one container on the door node ADDRESS
+    (assets/virtual-ip.sh: if either ends, so does the other). Gated on the door's /health
+    through the virtual IP: some door node holds it and its door answers."""
+    role = cfg.keepalived_role(address)
+    command = [VIRTUAL_IP_SCRIPT, "--config", keepalived_config_file(cfg),
+               "--check-file", door_check_file(cfg),
+               "--door", f"{address}:{door_spec(cfg).metrics_port}",
+               "--interval", advert_interval(virtual_ip_spec(cfg).advert_interval_ms)]
+    plan = container_plan(cfg, role, address, command, {}, virtual_ip_url(cfg),
+                          gpu_workload=False)
+    # No restart generation (as the door): replacing keepalived moves the address. Its own
+    # directory read-write (the track file) and the program's scripts read-only.
+    return dataclasses.replace(
+        plan, name=container_name(KEEPALIVED), labels={"kimipd.role": role},
+        mounts=[(NODE_ASSET_DIR, NODE_ASSET_DIR, True),
+                (virtual_ip_dir(cfg), virtual_ip_dir(cfg), False)],
+        entrypoint=["bash"], ulimits={}, capabilities=list(KEEPALIVED_CAPABILITIES),
+        user="0:0")
+
+
+def write_keepalived_config_command(cfg: ClusterConfig) -> str:
+    """stdin (keepalived.conf) checked by the image's own `keepalived -t` (on the host's network:
+    it refuses an interface the node lacks), moved into place, and a running keepalived told to
+    reload (SIGHUP, which virtual-ip.sh passes on)."""
+    directory, target = virtual_ip_dir(cfg), keepalived_config_file(cfg)
+    new = target + ".new"
+    check = ["docker", "run", "--rm", "--network", "host", "--entrypoint", KEEPALIVED,
+             "-v", f"{directory}:{directory}:ro", virtual_ip_spec(cfg).image, "-t", "-f", new]
+    container = shell([container_name(KEEPALIVED)])
+    reload = (f"if [ \"$(docker inspect -f '{{{{.State.Running}}}}' {container} 2>/dev/null)\" = "
+              f"true ]; then docker kill --signal HUP {container} >/dev/null; fi")
+    return (f"mkdir -p {shell([directory])} && chmod 700 {shell([directory])} && "
+            f"cat > {shell([new])} && {shell(check)} && mv {shell([new, target])} && {reload}")
+
+
+def remove_virtual_ip_files_command(cfg: ClusterConfig) -> str:
+    return f"rm -rf {shell([virtual_ip_dir(cfg)])}"

@@ -19,9 +19,10 @@ SMOKE_TEST_SCRIPT = f"{NODE_ASSET_DIR}/smoke-test.sh"
 ROUTER_LAUNCH_SCRIPT = f"{NODE_ASSET_DIR}/router-launch.py"
 ROUTER_MEMBERS_SCRIPT = f"{NODE_ASSET_DIR}/router-members.py"
 DOOR_SLOTS_SCRIPT = f"{NODE_ASSET_DIR}/door-slots.py"
+VIRTUAL_IP_SCRIPT = f"{NODE_ASSET_DIR}/virtual-ip.sh"
 NODE_SCRIPTS = ("launch.sh", "mooncake-check.py", "wait-healthy.sh", "smoke-test.sh",
                 "prepare-image.sh", "router-launch.py", "router_api.py", "router-members.py",
-                "door-slots.py")
+                "door-slots.py", "virtual-ip.sh")
 PREPARE_IMAGE_SCRIPT = f"{NODE_ASSET_DIR}/prepare-image.sh"
 
 MOONCAKE_MASTER = "mooncake-master"

@@ -19,20 +19,22 @@ from __future__ import annotations
 
 from ..config import ClusterConfig
 from ..config.router_schema import SLOT_NAMES
-from .door import door_admin_socket
+from .door import door_admin_socket, slot_url
 from .layout import DOOR_SLOTS_SCRIPT, ROUTER_MEMBERS_SCRIPT, router_state_dir, shell
 from .router import router_api_key_file, router_loopback_url, router_slots
 from .sglang import group_endpoint
 
 
 def _members(cfg: ClusterConfig, action: str, *args: str, timeout: int | None = None,
-             slots: list[str | None] | None = None, script: str = ROUTER_MEMBERS_SCRIPT) -> str:
+             slots: list[str | None] | None = None, script: str = ROUTER_MEMBERS_SCRIPT,
+             keyed: bool = True) -> str:
     """router-members.py (or door-slots.py) ACTION on the router's node; SLOTS: the routers it
-    talks to (every one unless said)."""
+    talks to (every one unless said); KEYED: with the rust router's key file."""
     routers: list[str] = []
     for slot in router_slots(cfg) if slots is None else slots:
         routers += ["--router", router_loopback_url(cfg, slot)]
-    key = ["--api-key-file", router_api_key_file(cfg)] if cfg.router.kind == "rust" else []
+    key = (["--api-key-file", router_api_key_file(cfg)]
+           if cfg.router.kind == "rust" and keyed else [])
     return shell(["python3", script, action, *routers, *key,
                   "--state-dir", router_state_dir(cfg),
                   "--timeout", str(cfg.gates.timeout_seconds if timeout is None else timeout),
@@ -102,6 +104,23 @@ def slot_admit_command(cfg: ClusterConfig, slot: str) -> str:
     kind = ["--mini-lb"] if cfg.router.kind == "mini-lb" else []
     return _members(cfg, "admit", "--slot", slot, "--door-socket", door_admin_socket(cfg),
                     *kind, slots=[slot], script=DOOR_SLOTS_SCRIPT)
+
+
+def slot_door_drain_command(cfg: ClusterConfig, slot: str) -> str:
+    """On the other door node, after the router node's drain of slot SLOT (which holds the slot
+    lease): drain there too, until its open requests there end."""
+    return _members(cfg, "door-drain", "--slot", slot, "--door-socket", door_admin_socket(cfg),
+                    "--drain-timeout", str(cfg.router.drain_timeout_seconds), slots=[],
+                    script=DOOR_SLOTS_SCRIPT, keyed=False)
+
+
+def slot_door_admit_command(cfg: ClusterConfig, slot: str) -> str:
+    """On the other door node, before the router node's admission of slot SLOT gives the lease
+    back: once the slot serves (at its node's address: no key needed), ready there too."""
+    kind = ["--mini-lb"] if cfg.router.kind == "mini-lb" else []
+    return _members(cfg, "door-admit", "--slot", slot, "--door-socket", door_admin_socket(cfg),
+                    "--router", slot_url(cfg, slot), *kind, slots=[], script=DOOR_SLOTS_SCRIPT,
+                    keyed=False)
 
 
 def router_ready_command(cfg: ClusterConfig) -> str:

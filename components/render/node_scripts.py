@@ -63,7 +63,10 @@ def preflight_command(cfg: ClusterConfig, address: str, script: str) -> str:
         # PORT=KEY: the failure names the stack key to change.
         "--ports", ",".join(f"{port}={key}" for port, key in cfg.ports_on(address).items()),
     ]
-    if cfg.router.kind == "rust" and address == cfg.router.node:
+    # router-members.py on the router's node; door-slots.py on both door nodes of a virtual IP.
+    door = cfg.router.door
+    if (cfg.router.kind == "rust" and address == cfg.router.node) or (
+            door is not None and door.nodes is not None and address in door.nodes):
         argv += ["--needs-python", "yes"]
     if cfg.firewall.enabled:
         argv += ["--needs-nft", "yes"]

@@ -50,9 +50,12 @@ def prometheus_targets(cfg: ClusterConfig, stack: str) -> list[dict[str, object]
             })
     door = cfg.router.door
     if door is not None:
-        slots = {name: slot.metrics_port for name, slot in door.slot_named().items()}
-        targets += door_targets(stack, cfg.router.node, door.metrics_port, slots,
-                                rust=cfg.router.kind == "rust")
+        # Each door node: its door's exporter and the slot that runs there (both on one node).
+        for node in cfg.door_nodes:
+            slots = {name: slot.metrics_port for name, slot in door.slot_named().items()
+                     if cfg.slot_node(name) == node}
+            targets += door_targets(stack, node, door.metrics_port, slots,
+                                    rust=cfg.router.kind == "rust")
     elif cfg.router.kind == "rust":
         targets.append({
             "targets": [f"{cfg.router.node}:{cfg.router.metrics_port}"],

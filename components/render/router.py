@@ -68,9 +68,13 @@ def router_slots(cfg: ClusterConfig) -> list[str | None]:
 
 
 def router_loopback_url(cfg: ClusterConfig, slot: str | None = None) -> str:
-    """The router (SLOT) as the scripts on its node reach it."""
-    port = cfg.router.port if slot is None else door_spec(cfg).slot_named()[slot].port
-    return f"http://127.0.0.1:{port}"
+    """The router (SLOT) as the scripts on router.node reach it: on loopback, or at its own node
+    (slot b on the other door node)."""
+    if slot is None:
+        return f"http://127.0.0.1:{cfg.router.port}"
+    node = cfg.slot_node(slot)
+    host = "127.0.0.1" if node == cfg.router.node else node
+    return f"http://{host}:{door_spec(cfg).slot_named()[slot].port}"
 
 
 def router_api_key_file(cfg: ClusterConfig | int) -> str:
@@ -97,9 +101,10 @@ def router_plan(cfg: ClusterConfig, slot: str | None = None) -> ContainerPlan:
     # /health: liveness only (the rust router binds before any worker is admitted); whether it
     # routes is the RouterReadiness check's, after every group's admission.
     role = ROUTER if slot is None else slot_role(slot)
+    node = cfg.router.node if slot is None else cfg.slot_node(slot)
     health = (router_url(cfg) if slot is None
-              else f"http://{cfg.router.node}:{door_spec(cfg).slot_named()[slot].port}")
-    return container_plan(cfg, role, cfg.router.node, router_container_command(cfg, slot),
+              else f"http://{node}:{door_spec(cfg).slot_named()[slot].port}")
+    return container_plan(cfg, role, node, router_container_command(cfg, slot),
                           dict(cfg.container.env), health + "/health", gpu_workload=False)
 
 

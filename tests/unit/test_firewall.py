@@ -66,7 +66,8 @@ def test_monitoring_hosts_reach_the_metrics_ports_of_each_node(pro6000: dict) ->
 def door_on_two_nodes(values: dict) -> dict:
     """The door on pro6000's router node (174.1.60.5) and 174.1.60.6, its virtual IP between."""
     values["router"]["door"] |= {"nodes": ["174.1.60.5", "174.1.60.6"],
-                                 "virtualIp": {"address": "174.1.60.100"}}
+                                 "virtualIp": {"image": "registry.example/keepalived@sha256:"
+                                                        + "b" * 64, "address": "174.1.60.100"}}
     return values
 
 

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import copy
+import http.server
+import os
 import shutil
+import signal
+import socket
+import struct
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -12,21 +19,24 @@ import pytest
 from components.config import (ConfigError, config_warnings, load_cluster_config,
                                undeployed_settings)
 from components.render.keepalived import (advert_interval, door_check_file, keepalived_config,
-                                          keepalived_config_file)
+                                          keepalived_config_file, keepalived_plan)
 
 VIP = "174.1.60.100"
+KEEPALIVED_IMAGE = "registry.example/kimipd/keepalived@sha256:" + "b" * 64
 
 
 @pytest.fixture
 def pro6000(pro6000: dict) -> dict:
     """pro6000 with the door on its router node (174.1.60.5) and 174.1.60.6."""
     pro6000["router"]["door"] |= {"nodes": ["174.1.60.5", "174.1.60.6"],
-                                  "virtualIp": {"address": VIP}}
+                                  "virtualIp": {"image": KEEPALIVED_IMAGE, "address": VIP}}
     return pro6000
 
 
 def refusal(values: dict, **door) -> str:
     values = copy.deepcopy(values)
+    if "virtualIp" in door:
+        door["virtualIp"] = {"image": KEEPALIVED_IMAGE} | door["virtualIp"]
     values["router"]["door"] |= door
     with pytest.raises(ConfigError) as refused:
         load_cluster_config(values)
@@ -95,7 +105,7 @@ def test_the_virtual_ip_is_no_nodes_own_and_on_the_door_nodes_network(pro6000: d
     message = refusal(pro6000, virtualIp={"address": "174.1.60.255", "prefixLength": 24})
     assert "'174.1.60.255' is the network or broadcast address of 174.1.60.0/24" in message
     # Inside the nodes' network with its mask: accepted.
-    pro6000["router"]["door"]["virtualIp"] = {"address": VIP, "prefixLength": 24}
+    pro6000["router"]["door"]["virtualIp"] |= {"prefixLength": 24}
     load_cluster_config(pro6000)
 
 
@@ -183,14 +193,13 @@ def test_the_doors_health_puts_the_instance_in_fault(pro6000: dict) -> None:
 
 
 def test_interface_and_mask_as_configured(pro6000: dict) -> None:
-    pro6000["router"]["door"]["virtualIp"] = {"address": VIP, "interface": "eth2",
-                                              "prefixLength": 24, "vrid": 7,
-                                              "advertIntervalMs": 250}
+    pro6000["router"]["door"]["virtualIp"] |= {"interface": "eth2", "prefixLength": 24,
+                                               "vrid": 7, "advertIntervalMs": 250}
     conf = lines(keepalived_config(load_cluster_config(pro6000), "174.1.60.5"))
     assert "interface eth2" in conf and f"{VIP}/24 dev eth2" in conf
     assert "virtual_router_id 7" in conf and "advert_int 0.25" in conf
     pro6000["network"] = {"computeInterface": "ens1f0"}
-    pro6000["router"]["door"]["virtualIp"] = {"address": VIP}
+    pro6000["router"]["door"]["virtualIp"] = {"image": KEEPALIVED_IMAGE, "address": VIP}
     assert "interface ens1f0" in lines(keepalived_config(load_cluster_config(pro6000),
                                                          "174.1.60.5"))
 
@@ -211,7 +220,8 @@ def test_keepalived_accepts_every_rendered_config(pro6000: dict, tmp_path: Path)
         pytest.skip("no network interface but lo here")
     for virtual_ip in ({"address": VIP}, {"address": VIP, "prefixLength": 24, "vrid": 255,
                                           "advertIntervalMs": 10}):
-        pro6000["router"]["door"]["virtualIp"] = virtual_ip | {"interface": interface}
+        pro6000["router"]["door"]["virtualIp"] = virtual_ip | {"interface": interface,
+                                                               "image": KEEPALIVED_IMAGE}
         cfg = load_cluster_config(pro6000)
         for address in cfg.door_nodes:
             conf = tmp_path / f"keepalived-{address}.conf"
@@ -219,3 +229,173 @@ def test_keepalived_accepts_every_rendered_config(pro6000: dict, tmp_path: Path)
             check = subprocess.run(["keepalived", "-t", "-f", str(conf)], capture_output=True,
                                    text=True, check=False, timeout=30)
             assert check.returncode == 0, f"{address} {virtual_ip}: {check.stderr}"
+
+
+def test_a_virtual_ip_needs_a_keepalived_image_docker_can_pull(pro6000: dict) -> None:
+    del pro6000["router"]["door"]["virtualIp"]["image"]
+    with pytest.raises(ConfigError, match="router.door.virtualIp.image"):
+        load_cluster_config(pro6000)
+    message = refusal(pro6000, virtualIp={"address": VIP, "image": "Keepalived:"})
+    assert "router.door.virtualIp.image: 'Keepalived:' has an empty tag, so docker cannot " \
+           "pull it; write REPOSITORY@sha256:DIGEST" in message
+
+
+def test_keepalived_runs_beside_its_check_loop_on_each_door_node(pro6000: dict) -> None:
+    cfg = load_cluster_config(pro6000)
+    for address, role in (("174.1.60.5", "keepalived"), ("174.1.60.6", "keepalived-174-1-60-6")):
+        plan = keepalived_plan(cfg, address)
+        assert (plan.role, plan.node, plan.name, plan.restart) == (
+            role, address, "kimipd-keepalived", "no")
+        assert plan.command == [
+            "/opt/kimipd/virtual-ip.sh", "--config", keepalived_config_file(cfg),
+            "--check-file", door_check_file(cfg), "--door", f"{address}:29100",
+            "--interval", "0.1"]
+        assert plan.capabilities == ["NET_ADMIN", "NET_RAW", "NET_BROADCAST"]
+        assert plan.mounts == [("/opt/kimipd", "/opt/kimipd", True),
+                               ("/opt/kimipd/router-31000/vip", "/opt/kimipd/router-31000/vip",
+                                False)]
+        assert plan.health_url == f"http://{VIP}:29100/health"
+
+
+class _Door:
+    """A door's /health on loopback that can stop answering."""
+
+    def __init__(self) -> None:
+        class Health(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                self.send_response(200 if self.path == "/health" else 404)
+                self.end_headers()
+
+            def log_message(self, *_args: object) -> None:
+                pass
+
+        self.server = http.server.HTTPServer(("127.0.0.1", 0), Health)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _until(condition, what: str, seconds: float = 30) -> None:
+    # Generous: the test machine runs other work beside (load average above 10 at times).
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def fake_keepalived(tmp_path: Path) -> Path:
+    """`keepalived` on PATH that records its arguments, its pid and the signals it gets."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "keepalived"
+    fake.write_text(f"""#!/usr/bin/env bash
+printf "%s\\n" "$*" > {tmp_path}/args; echo $$ > {tmp_path}/pid
+trap 'echo term > {tmp_path}/term; exit 0' TERM
+trap 'echo hup >> {tmp_path}/hup' HUP
+while true; do sleep 0.02; done
+""")
+    fake.chmod(0o755)
+    return bin_dir
+
+
+def _start(tmp_path: Path, bin_dir: Path, port: int) -> subprocess.Popen:
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    return subprocess.Popen(
+        ["bash", str(Path(__file__).parents[2] / "assets" / "virtual-ip.sh"),
+         "--config", str(tmp_path / "keepalived.conf"), "--check-file",
+         str(tmp_path / "door-down"), "--door", f"127.0.0.1:{port}", "--interval", "0.05"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+
+
+def _end(script: subprocess.Popen) -> None:
+    """The script and whatever it started (the fake keepalived, the loop): nothing left over."""
+    try:
+        os.killpg(script.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    script.wait(timeout=30)
+
+
+def _check(tmp_path: Path) -> str:
+    path = tmp_path / "door-down"
+    return path.read_text().strip() if path.exists() else ""
+
+
+@pytest.mark.timeout(120)
+def test_the_check_loop_writes_the_doors_health_at_every_tick(
+        tmp_path: Path, fake_keepalived: Path) -> None:
+    door = _Door()
+    script = _start(tmp_path, fake_keepalived, door.port)
+    try:
+        _until(lambda: _check(tmp_path) == "0" and (tmp_path / "pid").exists(),
+               "door answered: 0")
+        assert (tmp_path / "args").read_text().split() == [
+            "-n", "-l", "-D", "-f", str(tmp_path / "keepalived.conf")]
+        door.stop()
+        _until(lambda: _check(tmp_path) == "1",
+               f"door gone: 1 (still running: {script.poll() is None})")
+        # A new keepalived.conf: the config command's SIGHUP reaches keepalived.
+        script.send_signal(signal.SIGHUP)
+        _until(lambda: (tmp_path / "hup").exists(), "keepalived got SIGHUP")
+        assert script.poll() is None
+        # docker stop: keepalived gets SIGTERM (it gives the address up), the loop ends too.
+        script.send_signal(signal.SIGTERM)
+        assert script.wait(timeout=30) == 0
+        assert (tmp_path / "term").exists()
+    finally:
+        _end(script)
+
+
+@pytest.mark.timeout(120)
+def test_keepalived_and_the_loop_end_together(tmp_path: Path, fake_keepalived: Path) -> None:
+    door = _Door()
+    script = _start(tmp_path, fake_keepalived, door.port)
+    try:
+        _until(lambda: (tmp_path / "pid").exists() and _check(tmp_path) == "0", "started")
+        os.kill(int((tmp_path / "pid").read_text()), signal.SIGKILL)
+        # The container exits (restart: no), and the loop with it: nothing is left writing 0.
+        assert script.wait(timeout=30) == 1
+        output = script.stdout.read() if script.stdout else ""
+        assert "keepalived ended; stopping the door check" in output
+        (tmp_path / "door-down").unlink()
+        time.sleep(0.3)
+        assert not (tmp_path / "door-down").exists()
+    finally:
+        door.stop()
+        _end(script)
+
+
+@pytest.mark.timeout(120)
+def test_a_door_that_resets_connections_is_down_and_the_loop_lives_on(
+        tmp_path: Path, fake_keepalived: Path) -> None:
+    """A door going away resets the loop's connection between its connect and its request; the
+    write's SIGPIPE must not end the loop (it did: keepalived went down with it)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    port = listener.getsockname()[1]
+
+    def reset_every_connection() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()
+
+    threading.Thread(target=reset_every_connection, daemon=True).start()
+    script = _start(tmp_path, fake_keepalived, port)
+    try:
+        _until(lambda: _check(tmp_path) == "1", "resets: 1")
+        time.sleep(2)  # some 40 resets at 0.05 s
+        assert script.poll() is None, script.stdout.read() if script.stdout else ""
+        assert _check(tmp_path) in ("1", "")
+    finally:
+        listener.close()
+        _end(script)

@@ -31,6 +31,11 @@ def door_nodes_are_members(cfg: ClusterConfig) -> Iterable[str]:
         if address not in known:
             yield (f"router.door.nodes[{index}]: {address!r} is not a declared node; add it to "
                    f"`nodes` or use one of {', '.join(sorted(known))}.")
+    if cfg.router.host != "0.0.0.0":
+        yield (f"router.host: {cfg.router.host!r} is where each door binds router.port, and with "
+               "the door on two nodes clients come through router.door.virtualIp, which only "
+               "the node holding it has: remove router.host (default 0.0.0.0), so that both "
+               "doors answer on the virtual IP as well as on their own address.")
     first, second = door.nodes
     if first == second:
         yield (f"router.door.nodes[1]: {second!r} is router.door.nodes[0] too; name two "
