@@ -257,17 +257,23 @@ def test_2p2d_changes_only_the_targets_file_and_prometheus_scrapes_the_new_targe
 
     prometheus = f"http://{OBS_NODE}:9090"
     started = time.monotonic()
-    up = wait_for(prometheus, 'up{job="kimipd"} == 1', lambda r: len(r) == 10 and {
+    up = wait_for(prometheus, 'up{job="kimipd"} == 1', lambda r: len(r) == 12 and {
         s["metric"].get("group") for s in r} >= {"prefill-a", "prefill-b", "decode-a", "decode-b"})
-    print(f"the 10 new targets (8 ranks, mc-master, rust router) up == 1 "
+    print(f"the 12 new targets (8 ranks, mc-master, the door, its two rust slots) up == 1 "
           f"{time.monotonic() - started:.1f}s after the file changed")
-    assert "router" in {sample["metric"]["role"] for sample in up}
+    assert {"door", "router"} <= {sample["metric"]["role"] for sample in up}
+    assert {sample["metric"].get("slot") for sample in up if sample["metric"]["role"] == "router"} \
+        == {"a", "b"}
     assert not query(prometheus, 'up{job="kimipd", group=~"prefill|decode"}'), \
         "the 1P1D groups are still targets"
     assert prometheus_container(sim) == before, "Prometheus was restarted"
-    # The rust router's own view: a healthy worker of each mode, matched to its group.
+    # Each slot router's own view: both groups of each mode healthy, matched to their groups.
+    def by_slot_and_mode(samples: list[dict]) -> dict[tuple[str, str], str]:
+        return {(s["metric"].get("slot", ""), s["metric"]["mode"]): s["value"][1]
+                for s in samples}
+
     healthy = wait_for(prometheus, "kimipd:router_healthy_workers:sum",
-                       lambda r: {s["metric"]["mode"]: s["value"][1] for s in r}
-                       == {"prefill": "2", "decode": "2"}, seconds=60)
-    print(f"router's healthy workers by mode: "
-          f"{ {s['metric']['mode']: s['value'][1] for s in healthy} }")
+                       lambda r: by_slot_and_mode(r) == {
+                           (slot, mode): "2" for slot in "ab" for mode in ("prefill", "decode")},
+                       seconds=60)
+    print(f"the slot routers' healthy workers by mode: {by_slot_and_mode(healthy)}")
