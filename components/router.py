@@ -70,9 +70,24 @@ class RouterApiKey(pulumi.ComponentResource):
         self.register_outputs({})
 
 
-def _old_router_urn() -> str:
+def _component_urn(type_: str, name: str) -> str:
     return (f"urn:pulumi:{pulumi.get_stack()}::{pulumi.get_project()}::"
-            "kimipd:cluster:Cluster$kimipd:router:Router::router")
+            f"kimipd:cluster:Cluster${type_}::{name}")
+
+
+def _old_router_urn() -> str:
+    return _component_urn("kimipd:router:Router", "router")
+
+
+def _single_router_container_alias() -> pulumi.Alias:
+    """The single router's container, as the door's container on router.node knows it."""
+    return pulumi.Alias(name="router", parent=_old_router_urn())
+
+
+def _door_container_alias() -> pulumi.Alias:
+    """router.node's door container, as the single router's container knows it (a stack
+    leaving the door)."""
+    return pulumi.Alias(name="door", parent=_component_urn("kimipd:router:Door", "door"))
 
 
 class Door(pulumi.ComponentResource):
@@ -122,8 +137,13 @@ class Door(pulumi.ComponentResource):
             stdin=door_haproxy_config(cfg),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.image, *files]))
         # Removed with SIGUSR1 (door_plan): its open streams get as long as a slot's.
+        # router.node's door holds router.port where the single router did: it is that
+        # container's replacement, so the router goes before the door binds the port (a stack
+        # moving to the door; docs/decisions.md).
         self.container = node_container(plan, node, depends_on=[self.config], parent=self,
                                         image=self.image.image_id,
+                                        aliases=[_single_router_container_alias()]
+                                        if address == cfg.router.node else (),
                                         stop_grace_seconds=cfg.router.drain_timeout_seconds + 5)
         self.gate = HealthGate(f"{role}-ready", cfg, nodes, [plan], [self.container], opts=child)
         self.url = door_url(cfg)
@@ -158,6 +178,8 @@ class Router(pulumi.ComponentResource):
         self.container = node_container(
             plan, node, depends_on=[*wait_for, *key_files],
             parent=self, extra_labels=extra_labels,
+            # The single router on router.port replaces the door's container there.
+            aliases=[_door_container_alias()] if slot is None else (),
             image=node.image_id if cfg.router.kind == "rust" else None,
             stop_grace_seconds=(cfg.router.drain_timeout_seconds + 5
                                 if cfg.router.kind == "rust" else None))
