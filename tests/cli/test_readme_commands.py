@@ -288,8 +288,10 @@ def test_review_of_serving_off(cli: Cli) -> None:
         < position["node-10-231-60-1-prefill"] < position["mooncake-master"]
     markdown = render(preview)
     assert "| 10.231.60.1 | prefill-r0 | container `kimipd-prefill-r0` | delete |" in markdown
-    assert not [c.name for c in found if c.type == "docker:index/remoteImage:RemoteImage"], \
-        "serving: false must keep the images"
+    # The nodes' images stay in the stack; the door's leaves it with the door, and stays on the
+    # node (keepLocally), as every image the program pulls.
+    assert [c.name for c in found if c.type == "docker:index/remoteImage:RemoteImage"] \
+        == ["door-image"], "serving: false must keep the nodes' images"
 
 
 @pytest.fixture(scope="module")

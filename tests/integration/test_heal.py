@@ -266,13 +266,22 @@ def test_watch_heals_a_killed_decode_rank_under_load_then_stops_at_the_limit(
 
     # The passphrase is in the service's environment only: no command line, no log line.
     process = service["process"]
-    command_lines = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in
-                     [process.pid] + _descendants(process.pid)]
+    command_lines = [line for pid in [process.pid] + _descendants(process.pid)
+                     if (line := _command_line(pid)) is not None]
+    assert command_lines, "the service has no process"
     assert not any(PASSPHRASE.encode() in line for line in command_lines)
     assert PASSPHRASE not in log.read_text()
     process.send_signal(signal.SIGTERM)
     assert process.wait(120) == 0
     # decode-a stays dead: the fixture's destroy takes a stack with a dead group down as well.
+
+
+def _command_line(pid: int) -> bytes | None:
+    """PID's command line; None once it has exited (a child between its listing and its read)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
 
 
 def _descendants(pid: int) -> list[int]:

@@ -13,6 +13,7 @@ import json
 import re
 import subprocess
 import tarfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -184,20 +185,28 @@ def test_host_keys_are_pinned(sim: SimCluster, tmp_path: Path) -> None:
     assert empty.read_text() == ""
 
 
-def test_a_killed_decode_rank_is_degraded(stack: auto.Stack, project: Project,
-                                          sim: SimCluster) -> None:
+def test_a_killed_decode_rank_takes_its_group_down(stack: auto.Stack, project: Project,
+                                                   sim: SimCluster) -> None:
+    """A TP group cannot run without one of its ranks: the rest of decode break with it (rank 0
+    answers 503, the other ranks exit), and with one decode group nothing serves: down, exit 2.
+    Status names the killed rank's exit and every broken one."""
     killed = sim.docker("10.231.60.7", "kill", "kimipd-decode-r2")
     assert killed.returncode == 0, killed.stderr
+    peers = ("kimipd-decode-r1", "kimipd-decode-r3")
+    deadline = time.monotonic() + 120
+    while not all(container_ids(sim).get(name, "").endswith("exited") for name in peers):
+        assert time.monotonic() < deadline, f"decode's other ranks still run: {container_ids(sim)}"
+        time.sleep(1)
     table = kimipd(project, "status")
-    assert table.returncode == 1, table.stdout + table.stderr
+    assert table.returncode == 2, table.stdout + table.stderr
     result = kimipd(project, "status", "--json")
-    assert result.returncode == 1
+    assert result.returncode == 2
     report = json.loads(result.stdout)
     rows = {row["role"]: row for row in report["containers"]}
     dead = rows["decode-r2"]
     assert dead["state"] == "exited" and dead["exitCode"] == 137, dead
     assert not dead["ok"] and dead["problems"][0] == "exited (exit 137)"
-    assert report["verdict"] == "degraded"
-    assert rows["prefill-r0"]["ok"] and rows["mooncake-master"]["ok"]
+    assert not rows["decode-r0"]["ok"] and rows["decode-r0"]["health"]["status"] == 503
+    assert report["verdict"] == "down"
+    assert rows["prefill-r0"]["ok"] and rows["mooncake-master"]["ok"] and rows["door"]["ok"]
     assert "decode-r2" in table.stdout and "exited (137)" in table.stdout
-    assert container_ids(sim)["kimipd-decode-r2"].endswith("exited")
