@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import difflib
+import ipaddress
 import re
 from collections.abc import Iterable
 
@@ -69,6 +70,15 @@ def image_reference_problem(value: str) -> str | None:
     if len(match.group("name")) > 255:
         return "has a name longer than 255 characters"
     return None
+
+
+def checked_ipv4(value: str, what: str) -> str:
+    """VALUE, or the validation error saying it is not an IPv4 address and WHAT to write."""
+    try:
+        ipaddress.IPv4Address(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an IPv4 address; write {what}") from None
+    return value
 
 
 def checked_image_reference(value: str, form: str) -> str:

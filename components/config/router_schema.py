@@ -3,14 +3,13 @@ two router slots) with its TLS and, on two nodes, its virtual IP."""
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from typing import Literal
 
 from pydantic import Field, field_validator
 
 from .base import Model
-from .grammars import checked_image_reference
+from .grammars import checked_image_reference, checked_ipv4
 
 
 RouterPolicy = Literal["random", "round_robin", "cache_aware", "power_of_two"]
@@ -73,12 +72,7 @@ class VirtualIpSpec(Model):
     @field_validator("address")
     @classmethod
     def _ipv4(cls, value: str) -> str:
-        try:
-            ipaddress.IPv4Address(value)
-        except ValueError:
-            raise ValueError(f"{value!r} is not an IPv4 address; write a free address on the "
-                             "door nodes' network, e.g. 174.1.60.100") from None
-        return value
+        return checked_ipv4(value, "a free address on the door nodes' network, e.g. 174.1.60.100")
 
     @field_validator("image")
     @classmethod

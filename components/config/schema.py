@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from .base import Model
-from .grammars import (CAPABILITIES, ULIMIT_NAMES, absolute_path, did_you_mean,
+from .grammars import (CAPABILITIES, checked_ipv4, ULIMIT_NAMES, absolute_path, did_you_mean,
                        host_key_problem)
 
 
@@ -32,14 +32,7 @@ class NodeSpec(Model):
     @field_validator("address")
     @classmethod
     def _ipv4(cls, value: str) -> str:
-        try:
-            ipaddress.IPv4Address(value)
-        except ValueError:
-            raise ValueError(
-                f"{value!r} is not an IPv4 address; write the node's compute-network "
-                "address, e.g. 174.1.60.1"
-            ) from None
-        return value
+        return checked_ipv4(value, "the node's compute-network address, e.g. 174.1.60.1")
 
     @field_validator("host_key")
     @classmethod
