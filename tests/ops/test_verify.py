@@ -19,6 +19,7 @@ pytestmark = pytest.mark.timeout(300)
 
 PREFILL_RATE = 2000.0  # prompt tokens/s: 1680 -> 0.84 s, 5280 -> 2.64 s to the first token
 DECODE_RATE = 150.0  # output tokens/s: 511 -> 3.4 s, 255 -> 1.7 s
+HOP_ALLOWANCE_S = 0.3  # to the first token, beyond the prefill time: router, ssh, a busy machine
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +43,14 @@ def assert_rates(report) -> None:
         assert (m.status, m.output_tokens) == (200, m.shape.output_tokens), m
     # warmup (6 -> 16 tokens) is over in ~0.1 s: the router hop and scheduling dominate it
     for name in ("medium", "long"):
-        prefill = by_name[name].prefill_tokens_per_second
-        decode = by_name[name].decode_tokens_per_second
-        assert abs(prefill - PREFILL_RATE) <= 0.1 * PREFILL_RATE, (name, prefill)
+        m = by_name[name]
+        # the first token comes after the configured prefill time plus the router hop (and the
+        # ssh session's start with via=ssh), which the other tests sharing the 2 cores stretch
+        # by up to ~0.15 s: a fixed allowance for that, not a wider rate tolerance
+        prefill_seconds = m.shape.input_tokens / PREFILL_RATE
+        assert 0.95 * prefill_seconds <= m.ttft <= 1.05 * prefill_seconds + HOP_ALLOWANCE_S, \
+            (name, m.ttft, prefill_seconds)
+        decode = m.decode_tokens_per_second
         assert abs(decode - DECODE_RATE) <= 0.1 * DECODE_RATE, (name, decode)
 
 
