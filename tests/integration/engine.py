@@ -93,18 +93,21 @@ def new_stack(project: Project, sim: SimCluster, name: str, values: dict) -> aut
     return stack
 
 
-# The 2P2D stack that test_rollout.py and then test_heal.py use in turn (tests/integration/
-# conftest.py runs them back to back): one fresh `up` and one destroy for both modules.
+# The 2P2D stack that test_rollout.py, test_heal.py and test_door.py use in turn
+# (tests/integration/conftest.py runs them back to back): one fresh `up` and one destroy.
 SHARED_2P2D = "sim-2p2d"
-SHARED_2P2D_MODULES = ("test_rollout.py", "test_heal.py")
+SHARED_2P2D_MODULES = ("test_rollout.py", "test_heal.py", "test_door.py")
 
 
 def shared_2p2d_values(sim: SimCluster) -> dict:
     """Pulumi.sim-2p2d.yaml on this sim, with a gate timeout that bounds test_rollout's canary
-    test: a group's drain waits that long for a canary to come back (its delete command, hence
-    the timeout, is the one its group was created with)."""
+    test (a group's drain waits that long for a canary to come back: its delete command, hence
+    the timeout, is the one its group was created with), and decode at 26 tokens/s: streams
+    long enough to be in flight while a slot or a group drains."""
     values = sim_values(sim, "sim-2p2d")
     values["gates"] = values["gates"] | {"timeoutSeconds": 60}
+    values["container"]["env"] = {**values["container"]["env"],
+                                  "SGLANG_STANDIN_DECODE_TOKENS_PER_S": "26"}
     return values
 
 

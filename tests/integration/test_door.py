@@ -1,15 +1,15 @@
 """The door on the sim, through the real engine: HAProxy (Debian's package) owns router.port in
 front of two keyed rust router slots, 2P2D (Pulumi.sim-2p2d.yaml), under a bounded load of
-10 requests/s, half of them streamed at 26 tokens/s. One stack, one `up`, then in order: a
-router-only change, a restartGeneration bump (every container but the door) and a SIGKILL of a
-serving slot healed by refresh + up (what `kimipd reconcile` runs); each fails no request.
-Then the failures bigger than one process, on the same stack: every decode group killed at
-once and healed by `kimipd reconcile --watch` with no person, and a node whose link is cut taken
-out with one `kimipd up` that never contacts it, then put back; the failed requests counted."""
+10 requests/s, half of them streamed at 26 tokens/s. On the stack test_rollout.py and
+test_heal.py used before (engine.shared_2p2d; test_rollout's restartGeneration bump is the
+every-container change behind the door), healed first, then in order: a router-only change and
+a SIGKILL of a serving slot healed by refresh + up (what `kimipd reconcile` runs); each fails no
+request. Then the failures bigger than one process: every decode group killed at once and
+healed by `kimipd reconcile --watch` with no person, and a node whose link is cut taken out with
+one `kimipd up` that never contacts it, then put back; the failed requests counted."""
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import signal
@@ -17,19 +17,22 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import yaml
 from pulumi import automation as auto
 
 from ops.node_out import resources_on, state_resources
 from sim.automation import Project
 from tests.conftest import REPO
 from tests.integration.engine import (  # noqa: F401 - fixtures
-    AUTHORIZED, CONTAINER, Events, StreamingLoad, container_ids, env, kimipd, new_stack, project,
-    sim, sim_values)
+    AUTHORIZED, CONTAINER, SHARED_2P2D, Events, StreamingLoad, container_ids, kimipd, shared_2p2d,
+    shared_2p2d_project, shared_2p2d_sim, shared_2p2d_stack)
 from tests.integration.sim import SimCluster
 
+STACK = SHARED_2P2D
 ROUTER_NODE = "10.231.60.5"
 SOCKET = "/opt/kimipd/router-31000/door/admin.sock"
 SLOTS = {"a": "http://10.231.60.5:31001", "b": "http://10.231.60.5:31002"}
@@ -38,36 +41,37 @@ ENDPOINTS: dict[str, str] = {}  # group -> its rank 0's URL, as the routers list
 LOST = "10.231.60.7"  # decode-b's rank 0
 
 
-def door_values(sim: SimCluster) -> dict:
-    values = sim_values(sim, "sim-2p2d", door=True)
-    # Streams long enough to be in flight while a slot drains (26 tokens at 26 tokens/s).
-    values["container"]["env"] = {**values["container"]["env"],
-                                  "SGLANG_STANDIN_DECODE_TOKENS_PER_S": "26"}
-    return values
+@contextmanager
+def stack_file_kept(project: Project) -> Iterator[None]:
+    """The shared stack's file as it was, back after the block: what a test changes for itself
+    (a router flag, a node taken out) is not the next test's or module's."""
+    path = project.directory / f"Pulumi.{STACK}.yaml"
+    kept = path.read_text()
+    try:
+        yield
+    finally:
+        path.write_text(kept)
 
 
-def applied_values(sim: SimCluster, out: str | None = None) -> dict:
-    """What the stack runs after the rollout tests (router extraArgs, restartGeneration 1);
-    OUT: that node taken out."""
-    values = door_values(sim)
-    values["router"]["extraArgs"] = ["--log-level", "warn"]
-    values["restartGeneration"] = 1
-    for node in values["nodes"]:
-        if node["address"] == out:
-            node["out"] = True
-    return values
-
-
-@pytest.fixture(scope="module")
-def stack(project: Project, sim: SimCluster) -> Iterator[auto.Stack]:
-    stack = new_stack(project, sim, "door", door_values(sim))
-    stack.up(on_output=print)
+@pytest.fixture(scope="module", autouse=True)
+def converged(stack: auto.Stack, project: Project) -> Iterator[None]:
+    """The shared stack as test_heal.py leaves it (decode-a dead past its heal limit) brought
+    back by what `kimipd reconcile` runs (refresh, then up); its groups' URLs read."""
+    stack.refresh(on_output=print)
+    if set(stack.preview().change_summary) - {"same"}:
+        stack.up(on_output=print)
     ENDPOINTS.update({name: group["endpoint"]
                       for name, group in stack.outputs()["groups"].value.items()})
-    yield stack
+    yield
     set_link(LOST, up=True)
-    project.write_stack("door", door_values(sim))
-    stack.destroy(on_output=print)
+
+
+def current_values(project: Project) -> dict:
+    """The shared stack's `kimipd:*` values as its file has them now."""
+    document = yaml.safe_load((project.directory / f"Pulumi.{STACK}.yaml").read_text())
+    prefix = "kimipd:"
+    return {key[len(prefix):]: value for key, value in document["config"].items()
+            if key.startswith(prefix)}
 
 
 def door_servers(sim: SimCluster) -> dict[str, dict[str, str]]:
@@ -114,16 +118,15 @@ def test_the_door_serves_through_both_slots_and_status_shows_them(
     # leastconn over two slots: both carried requests.
     served = {name: int(row["stot"]) for name, row in door_servers(sim).items()}
     assert all(count > 0 for count in served.values()), served
-    status = kimipd(project, "door", "status")
+    status = kimipd(project, STACK, "status")
     assert status.returncode == 0, status.stdout
     assert "serving slots: a, b" in status.stdout, status.stdout
 
 
 def test_a_router_only_change_rolls_the_slots_one_at_a_time_and_fails_nothing(
         stack: auto.Stack, sim: SimCluster, project: Project) -> None:
-    values = door_values(sim)
-    values["router"]["extraArgs"] = ["--log-level", "warn"]
-    project.write_stack("door", values)
+    router = current_values(project)["router"] | {"extraArgs": ["--log-level", "warn"]}
+    project.update_stack(STACK, {"router": router})
     before = container_ids(sim)
     events, load = up_under_load(stack, "router-only change")
     assert not load.failed(), load.summary("router-only change")
@@ -136,23 +139,6 @@ def test_a_router_only_change_rolls_the_slots_one_at_a_time_and_fails_nothing(
     assert events.index("done", "create-replacement", f"{first}-door-admit") \
         < replaced(events, second)
     assert {row["status"] for row in door_servers(sim).values()} == {"UP"}
-
-
-def test_a_restart_generation_bump_keeps_the_door_and_fails_nothing(
-        stack: auto.Stack, sim: SimCluster, project: Project) -> None:
-    values = door_values(sim)
-    values["router"]["extraArgs"] = ["--log-level", "warn"]
-    values["restartGeneration"] = 1
-    project.write_stack("door", values)
-    before = container_ids(sim)
-    _, load = up_under_load(stack, "restartGeneration bump")
-    assert not load.failed(), load.summary("restartGeneration bump")
-    after = container_ids(sim)
-    assert before["kimipd-door"] == after["kimipd-door"]
-    changed = sorted(name for name in before if before[name] != after.get(name))
-    assert "kimipd-door" not in changed
-    assert {"kimipd-router-a", "kimipd-router-b", "kimipd-prefill-a-r0",
-            "kimipd-decode-b-r0"} <= set(changed), changed
 
 
 def test_a_killed_slot_costs_only_its_open_requests_and_heals_alone(
@@ -191,12 +177,12 @@ def test_a_killed_slot_costs_only_its_open_requests_and_heals_alone(
 
 def test_preview_of_a_router_change_names_the_slots_drains(
         stack: auto.Stack, sim: SimCluster, project: Project) -> None:
-    values = copy.deepcopy(door_values(sim))
-    values["router"]["extraArgs"] = ["--log-level", "info"]
-    values["restartGeneration"] = 1
-    project.write_stack("door", values)
-    preview = stack.preview(diff=True)
-    text = preview.stdout
+    values = current_values(project)
+    with stack_file_kept(project):
+        project.update_stack(STACK, {
+            "router": values["router"] | {"extraArgs": ["--log-level", "info"]},
+            "restartGeneration": values.get("restartGeneration", 0) + 1})
+        text = stack.preview(diff=True).stdout
     assert "router-a-door-drain" in text and "router-b-door-drain" in text
     assert "/opt/kimipd/door-slots.py drain " in text
 
@@ -235,22 +221,11 @@ def wait_for(predicate, seconds: float, what: str, every: float = 0.5) -> float:
     raise AssertionError(f"not within {seconds:.0f}s: {what}")
 
 
-def ensure_applied(stack: auto.Stack, sim: SimCluster, project: Project) -> None:
-    """The stack file as the rollout tests left the stack: the preview test above leaves
-    changes unapplied (which reconcile would rightly refuse); run alone (-k), the module has
-    not applied the rollout tests' values yet."""
-    project.write_stack("door", applied_values(sim))
-    steps = stack.preview().change_summary
-    if steps.get("same", 0) != sum(steps.values()):
-        stack.up(on_output=print)
-
-
 def test_every_decode_group_killed_heals_with_no_person(
         stack: auto.Stack, sim: SimCluster, project: Project, tmp_path: Path) -> None:
-    ensure_applied(stack, sim, project)
     log = tmp_path / "reconcile.jsonl"
     watcher = subprocess.Popen(
-        [str(REPO / "scripts" / "kimipd"), "-s", "door", "--cwd", str(project.directory),
+        [str(REPO / "scripts" / "kimipd"), "-s", STACK, "--cwd", str(project.directory),
          "reconcile", "--watch", "--interval", "5", "--grace-seconds", "0",
          "--human-window-minutes", "0", "--log", str(log), "--state-file",
          str(tmp_path / "reconcile.json")],
@@ -296,7 +271,7 @@ def test_every_decode_group_killed_heals_with_no_person(
 
 def test_a_lost_node_goes_out_without_a_connection_and_comes_back_failing_nothing(
         stack: auto.Stack, sim: SimCluster, project: Project) -> None:
-    ensure_applied(stack, sim, project)
+    nodes = current_values(project)["nodes"]
     set_link(LOST, up=False)
     try:
         # The router's checks see decode-b's rank 0 gone before the load starts: what fails
@@ -304,11 +279,12 @@ def test_a_lost_node_goes_out_without_a_connection_and_comes_back_failing_nothin
         wait_for(lambda: all(group_url("decode-b") not in urls
                              for urls in healthy_in_slots().values()), 60,
                  "decode-b unhealthy in both slots")
-        project.write_stack("door", applied_values(sim, out=LOST))
+        project.update_stack(STACK, {"nodes": [node | {"out": True} if node["address"] == LOST
+                                               else node for node in nodes]})
         started = time.monotonic()
         with StreamingLoad() as load:
             time.sleep(2)
-            out = kimipd(project, "door", "up", "--yes", timeout=900)
+            out = kimipd(project, STACK, "up", "--yes", timeout=900)
             time.sleep(2)
         took = time.monotonic() - started
         print(load.summary("node taken out, its link down") + f"; the up took {took:.0f}s")
@@ -326,16 +302,16 @@ def test_a_lost_node_goes_out_without_a_connection_and_comes_back_failing_nothin
         assert all(group_url("decode-a") in urls for urls in healthy_in_slots().values())
         assert "decode-b" not in stack.outputs()["groups"].value
         # A no-op now: nothing of the node is left to exclude, nothing else changes.
-        again = kimipd(project, "door", "preview", timeout=600)
+        again = kimipd(project, STACK, "preview", timeout=600)
         assert again.returncode == 0 and "the state holds nothing of them" in again.stdout
     finally:
         set_link(LOST, up=True)
     # Back: the node as after a repair (no old container), and the edit undone.
     sim.remove_kimipd_containers([LOST])
-    project.write_stack("door", applied_values(sim))
+    project.update_stack(STACK, {"nodes": nodes})
     with StreamingLoad() as load:
         time.sleep(2)
-        back = kimipd(project, "door", "up", "--yes", timeout=900)
+        back = kimipd(project, STACK, "up", "--yes", timeout=900)
         time.sleep(2)
     print(load.summary("node put back"))
     assert back.returncode == 0, (back.stdout + back.stderr)[-3000:]
