@@ -25,7 +25,8 @@ from ..config.router_schema import VirtualIpSpec
 from .container_plan import ContainerPlan, container_plan
 from .door import door_spec
 from .firewall import firewall_table
-from .layout import NODE_ASSET_DIR, VIRTUAL_IP_SCRIPT, container_name, router_state_dir, shell
+from .layout import (KEEPALIVED_STATE_SCRIPT, NODE_ASSET_DIR, VIRTUAL_IP_SCRIPT, container_name,
+                     router_state_dir, shell)
 
 KEEPALIVED = "keepalived"
 # To add and remove the address and send gratuitous ARP (NET_ADMIN), and to speak VRRP, IP
@@ -65,6 +66,12 @@ def door_check_file(cfg: ClusterConfig) -> str:
     return f"{virtual_ip_dir(cfg)}/door-down"
 
 
+def keepalived_state_file(cfg: ClusterConfig) -> str:
+    """What keepalived's notify script writes at every change of the instance's state (MASTER,
+    BACKUP, FAULT, STOP): what `kimipd status` reads on each door node."""
+    return f"{virtual_ip_dir(cfg)}/state"
+
+
 def virtual_ip_interface(cfg: ClusterConfig) -> str:
     return virtual_ip_spec(cfg).interface or cfg.network.compute_interface
 
@@ -90,6 +97,9 @@ def keepalived_config(cfg: ClusterConfig, address: str) -> str:
 global_defs {{
     router_id kimipd-door-{address}
     vrrp_version 3
+    # The notify script runs as root, as keepalived does in its container (without this it
+    # looks for a user keepalived_script the image lacks, and says so at every start).
+    script_user root
 }}
 
 track_file door_down {{
@@ -117,6 +127,8 @@ vrrp_instance {INSTANCE} {{
     track_file {{
         door_down
     }}
+    # Each new state into a file `kimipd status` reads (keepalived has no query interface).
+    notify "/bin/bash {KEEPALIVED_STATE_SCRIPT} {keepalived_state_file(cfg)}"
 }}
 """
 
