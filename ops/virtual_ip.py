@@ -17,6 +17,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from prometheus_client.core import GaugeMetricFamily, Metric
+
 from .remote import RemoteError, Transport
 from .stack import Door, DoorNode, VirtualIp
 
@@ -143,6 +145,29 @@ def virtual_ip_report(vip: VirtualIp, nodes: list[VipNode]) -> VirtualIpReport:
         problems += node_problems(vip.address, vip.interface, node)
     return VirtualIpReport(vip.address, vip.interface, nodes,
                            [node.address for node in nodes if node.holds], down, problems)
+
+
+def virtual_ip_families(stack: str, report: VirtualIpReport | None) -> list[Metric]:
+    """What status saw of the virtual IP, for reconcile's metrics (its --metrics-file, read by
+    node_exporter's textfile collector): nothing exports it otherwise (HAProxy's exporter
+    does not know the address, and keepalived 2.2.7 exports only SNMP). A node whose holding
+    could not be read has no sample, so the alerts' sums count only what was seen."""
+    if report is None:
+        return []
+    held = GaugeMetricFamily(
+        "kimipd_virtual_ip_held",
+        "1 while the door's virtual IP is on this door node's interface (ip addr), else 0.",
+        labels=["stack", "node", "address"])
+    state = GaugeMetricFamily(
+        "kimipd_keepalived_state",
+        "1 for keepalived's state on this door node: MASTER, BACKUP, FAULT, STOP, absent (its "
+        "container does not run) or unknown.",
+        labels=["stack", "node", "state"])
+    for node in report.nodes:
+        if node.holds is not None:
+            held.add_metric([stack, node.address, report.address], 1 if node.holds else 0)
+        state.add_metric([stack, node.address, node.keepalived], 1)
+    return [held, state]
 
 
 class VirtualIpProbes:
