@@ -76,7 +76,7 @@ def metric_families(stack: str, memory: Memory, decision: Decision | None,
     heals = CounterMetricFamily(
         "kimipd_reconcile_heals_total",
         "Heals whose refresh and up converged, per unit (group, mooncake-master, router, door, "
-        "router-a, router-b).",
+        "router-a, router-b, keepalived).",
         labels=per_unit)
     failures = CounterMetricFamily("kimipd_reconcile_heal_failures_total",
                                    "Heals that failed, per unit.", labels=per_unit)
