@@ -25,8 +25,7 @@ from ..config.router_schema import VirtualIpSpec
 from .container_plan import ContainerPlan, container_plan
 from .door import door_spec
 from .firewall import firewall_table
-from .layout import (KEEPALIVED_STATE_SCRIPT, NODE_ASSET_DIR, VIRTUAL_IP_SCRIPT, container_name,
-                     router_state_dir, shell)
+from .layout import NODE_ASSET_DIR, VIRTUAL_IP_SCRIPT, container_name, router_state_dir, shell
 
 KEEPALIVED = "keepalived"
 # To add and remove the address and send gratuitous ARP (NET_ADMIN), and to speak VRRP, IP
@@ -97,9 +96,11 @@ def keepalived_config(cfg: ClusterConfig, address: str) -> str:
 global_defs {{
     router_id kimipd-door-{address}
     vrrp_version 3
-    # The notify script runs as root, as keepalived does in its container (without this it
-    # looks for a user keepalived_script the image lacks, and says so at every start).
+    # The notify script runs as root, as keepalived does in its container: without
+    # script_user it wants a user keepalived_script the image lacks, and without script
+    # security `keepalived -t` refuses any script (2.2.7: "SECURITY VIOLATION", exit 6).
     script_user root
+    enable_script_security
 }}
 
 track_file door_down {{
@@ -127,8 +128,9 @@ vrrp_instance {INSTANCE} {{
     track_file {{
         door_down
     }}
-    # Each new state into a file `kimipd status` reads (keepalived has no query interface).
-    notify "/bin/bash {KEEPALIVED_STATE_SCRIPT} {keepalived_state_file(cfg)}"
+    # Each new state into a file `kimipd status` reads (keepalived has no query interface);
+    # run by bash, as the container's command is: the copied script need not be executable.
+    notify "/bin/bash {VIRTUAL_IP_SCRIPT} --notify {keepalived_state_file(cfg)}"
 }}
 """
 

@@ -116,15 +116,16 @@ def test_the_report_names_the_holders() -> None:
 
 
 def test_the_notify_script_writes_the_new_state_whole(tmp_path: Path) -> None:
-    """keepalived calls it with its own four arguments after the state file."""
+    """virtual-ip.sh --notify STATE_FILE, to which keepalived appends its own four arguments."""
     state = tmp_path / "state"
+    script = str(REPO / "assets" / "virtual-ip.sh")
     for new in ("BACKUP", "MASTER"):
-        subprocess.run(["bash", str(REPO / "assets" / "keepalived-state.sh"), str(state),
-                        "INSTANCE", "door", new, "150"], check=True, timeout=30)
+        subprocess.run(["bash", script, "--notify", str(state), "INSTANCE", "door", new, "150"],
+                       check=True, timeout=30)
         assert state.read_text() == new + "\n"
     assert not (tmp_path / "state.new").exists()
-    refused = subprocess.run(["bash", str(REPO / "assets" / "keepalived-state.sh"), str(state)],
-                             capture_output=True, text=True, timeout=30, check=False)
+    refused = subprocess.run(["bash", script, "--notify", str(state)], capture_output=True,
+                             text=True, timeout=30, check=False)
     assert refused.returncode == 2 and state.read_text() == "MASTER\n"
 
 
