@@ -214,3 +214,21 @@ def test_a_dead_keepalived_on_the_other_node_is_degraded(stack: DoorStack) -> No
     assert report.virtual_ip.problems == [
         f"keepalived on {OTHER_DOOR_NODE} is not running (exited (137)): the address cannot "
         "move there"]
+
+
+def test_router_node_s_door_dead_and_the_address_moved_is_degraded_not_down(
+        stack: DoorStack) -> None:
+    """Its keepalived went FAULT and the other door node took the address: requests get in
+    through the other door, so the stack serves, short of a spare."""
+    stack.kill("door")
+    stack.exporter.stop()
+    stack.hold(OTHER_DOOR_NODE)
+    stack.keepalived(ROUTER_NODE, "FAULT")
+    stack.keepalived(OTHER_DOOR_NODE, "MASTER")
+    report, _ = status(stack)
+    assert (report.exit_code, report.verdict) == (DEGRADED, "degraded"), report.notes
+    assert report.door.open and report.virtual_ip.holders == [OTHER_DOOR_NODE]
+    assert f"the door's container on {ROUTER_NODE} is exited (137)" in report.door.problems
+    assert report.virtual_ip.problems == [
+        f"keepalived on {ROUTER_NODE} is FAULT (its door does not answer /health, or bond1 is "
+        "down): it cannot take the address"]
