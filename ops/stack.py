@@ -208,7 +208,8 @@ class Topology:
             if ref.group is not None:
                 mode = groups[ref.group].get("mode")
                 return (mode_order.get(mode, 3), ref.group, ref.rank, ref.role)
-            if ref.role == DOOR:  # the door first, then the routers behind it
+            # The door (each door, on two door nodes) first, then the routers behind it.
+            if ref.role == DOOR or ref.role.startswith(DOOR + "-"):
                 return (4, "", 0, ref.role)
             return (4 if ref.is_router else 5, "", 1, ref.role)
 

@@ -162,8 +162,8 @@ def test_both_doors_both_slots_and_who_holds_the_address(stack: DoorStack) -> No
     assert (report.exit_code, report.verdict) == (OK, "serving"), (
         report.notes, report.virtual_ip, [row.problems for row in report.rows])
     assert [row.ref.role for row in report.rows] == [
-        "mooncake-master", "prefill-r0", "decode-r0", "door", "router-a", "router-b",
-        OTHER_DOOR, "keepalived", OTHER_KEEPALIVED]
+        "mooncake-master", "prefill-r0", "decode-r0", "door", OTHER_DOOR, "router-a",
+        "router-b", "keepalived", OTHER_KEEPALIVED]
     vip = report.virtual_ip
     assert vip is not None and vip.holders == [ROUTER_NODE]
     assert [(n.address, n.door, n.keepalived_container, n.keepalived, n.holds)
