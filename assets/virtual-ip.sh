@@ -13,7 +13,23 @@
 # address up with a priority-0 advert; SIGHUP (a new keepalived.conf) makes it reload.
 #
 # usage: virtual-ip.sh --config FILE --check-file FILE --door HOST:PORT --interval SECONDS
+#
+# The same script is keepalived's notify script (keepalived.conf's `notify`, so no other file
+# is shipped to every node): `virtual-ip.sh --notify STATE_FILE`, to which keepalived appends
+# TYPE NAME STATE PRIORITY, writes STATE (MASTER, BACKUP, FAULT, STOP) to STATE_FILE for
+# `kimipd status` to read over SSH (keepalived has no query interface). Written aside and
+# renamed, so a reader never sees half. A keepalived that dies leaves its last state there:
+# status trusts the file only while the container runs.
 set -uo pipefail
+
+if [[ "${1:-}" == --notify ]]; then
+  if (($# < 5)); then
+    echo "virtual-ip.sh: --notify STATE_FILE TYPE NAME STATE [PRIORITY] expected, got: $*" >&2
+    exit 2
+  fi
+  printf '%s\n' "$5" > "$2.new" && mv -f "$2.new" "$2"
+  exit
+fi
 
 config="" check_file="" door="" interval=0.1
 while (($# > 0)); do

@@ -17,6 +17,7 @@ from .render import (
     door_admin_socket,
     door_check_file,
     keepalived_plan,
+    keepalived_state_file,
     slot_url,
     door_plan,
     door_url,
@@ -212,8 +213,10 @@ def door_output(cfg: ClusterConfig) -> dict[str, object] | None:
     output["nodes"] = {
         address: {"role": door_plan(cfg, address).role, "container": door_plan(cfg, address).name,
                   "metricsUrl": f"http://{address}:{door.metrics_port}/metrics",
+                  # stateFile: where status reads keepalived's state on that node.
                   "keepalived": {"role": keepalived_plan(cfg, address).role,
-                                 "container": keepalived_plan(cfg, address).name},
+                                 "container": keepalived_plan(cfg, address).name,
+                                 "stateFile": keepalived_state_file(cfg)},
                   "peer": cfg.door_peer(address)}
         for address in cfg.door_nodes}
     output["virtualIp"] = {"address": vip.address, "prefixLength": vip.prefix_length,

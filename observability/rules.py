@@ -17,6 +17,14 @@ role, node, and for SGLang ranks group, mode, rank):
   the server's one current state S of UP, DOWN, DRAIN, MAINT, NOLB (a drained server whose checks
   fail shows DOWN), and `haproxy_backend_active_servers{proxy="slots"}`, the servers UP with a
   non-zero weight (a drained one does not count): 0 and the door answers every request 503.
+- the door's virtual IP (router.door.nodes with virtualIp): no target exports it (HAProxy's
+  exporter does not know the address; keepalived 2.2.7 exports only SNMP), so `kimipd
+  reconcile` does, from each pass's status: `kimipd_virtual_ip_held{stack, node, address}` (1
+  while the address is on that door node's interface) and `kimipd_keepalived_state{stack, node,
+  state}` (1 for MASTER, BACKUP, FAULT, STOP, absent or unknown). They reach Prometheus through
+  reconcile's --metrics-file and node_exporter's textfile collector (ops/systemd's unit writes
+  it), not through the stack's targets: their rules select no `job`, and Prometheus must scrape
+  that node_exporter;
 MiniLB serves no metrics: for it, "no healthy worker of a mode" is judged from the scrapes of
 the groups themselves (KimipdNoServingGroup), which also holds for the rust router.
 """
@@ -177,6 +185,36 @@ def alert_rules(alerts: AlertsSpec, ttft_seconds: float, ttft_source: str) -> li
               "request gets in",
               "scripts/kimipd status -s {{ $labels.stack }}; scripts/kimipd logs -s "
               "{{ $labels.stack }} --role door; scripts/kimipd reconcile heals a dead door"),
+        # The door's virtual IP (reconcile's metrics, see the module's docstring). Two holders:
+        # both answer ARP for it, clients follow whichever answered last, VRRP between the door
+        # nodes does not pass. None: nothing answers the address. 15 s as KimipdDoorDown; a
+        # failover takes under a second, so no pass sees it half done twice.
+        alert("KimipdVirtualIpSplitBrain",
+              "sum by (stack, address) (kimipd_virtual_ip_held) > 1",
+              alerts.door_no_slot_up_for_seconds, "critical",
+              "{{ $value }} door nodes of {{ $labels.stack }} hold the virtual IP "
+              "{{ $labels.address }} at once (split brain)",
+              "scripts/kimipd status -s {{ $labels.stack }} (who holds it, each keepalived's "
+              "state); check the link between the door nodes and their firewall's VRRP rule; "
+              "scripts/kimipd logs -s {{ $labels.stack }} --role keepalived"),
+        alert("KimipdVirtualIpNoHolder",
+              "sum by (stack, address) (kimipd_virtual_ip_held) == 0",
+              alerts.door_no_slot_up_for_seconds, "critical",
+              "no door node of {{ $labels.stack }} holds the virtual IP {{ $labels.address }}: "
+              "no request gets in",
+              "scripts/kimipd status -s {{ $labels.stack }} (each keepalived's state: FAULT is "
+              "its door not answering); scripts/kimipd logs -s {{ $labels.stack }} --role "
+              "keepalived --role door"),
+        # keepalived not running on a door node: the address stays where it is, so nothing
+        # fails now, but it cannot move (to that node, or away from it when its door dies): a
+        # lost spare, as KimipdDoorSlotDown, and as long. A holder's keepalived SIGKILLed leaves
+        # the address on its interface, and the other takes it too: KimipdVirtualIpSplitBrain.
+        alert("KimipdKeepalivedDown", 'kimipd_keepalived_state{state="absent"} == 1',
+              alerts.door_slot_down_for_seconds, "warning",
+              "keepalived on door node {{ $labels.node }} of {{ $labels.stack }} is not "
+              "running: the virtual IP cannot move there or away from there",
+              "scripts/kimipd logs -s {{ $labels.stack }} --role keepalived; scripts/kimipd "
+              "reconcile heals a dead keepalived"),
         alert("KimipdMooncakeMasterDown",
               f'up{{job="{JOB}", role="mooncake-master"}} == 0 or '
               f'absent(up{{job="{JOB}", role="mooncake-master"}})',

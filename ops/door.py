@@ -174,6 +174,9 @@ class DoorReport:
     stat_error: str | None = None  # why the runtime API could not be read
     membership: str = ""  # how the slots' view of the groups was asked, or why not
     problems: list[str] = field(default_factory=list)
+    # On two door nodes: each door node's door container state (router.node's is `container`
+    # too); {} with one door node.
+    doors: dict[str, str] = field(default_factory=dict)
 
     @property
     def serving_slots(self) -> list[SlotReport]:
@@ -185,12 +188,16 @@ class DoorReport:
 
     @property
     def open(self) -> bool:
-        """The door takes connections: its container runs and its port answered HTTP."""
-        return self.container == "running" and self.answer.status is not None
+        """The door takes connections: its container runs and its port answered HTTP. On two
+        door nodes the port is the virtual IP's, and either door may be the one behind it."""
+        running = (any(state == "running" for state in self.doors.values()) if self.doors
+                   else self.container == "running")
+        return running and self.answer.status is not None
 
     def as_json(self) -> dict[str, Any]:
         return {"url": self.url, "tls": self.tls, "tlsVerification": self.tls_verification,
                 "node": self.node, "container": self.container, "health": self.answer.as_json(),
+                "doors": self.doors or None,
                 "runtimeApiError": self.stat_error, "membership": self.membership,
                 "servingSlots": [slot.name for slot in self.serving_slots],
                 "slots": [slot.as_json() for slot in self.slots], "problems": self.problems}
@@ -261,7 +268,9 @@ class DoorProbes:
             membership = "not asked: no routerApiKey at hand"
         report = DoorReport(door.url, door.tls, tls_verification if door.tls else None,
                             door.node, containers.get("door", "unknown"), answer, [],
-                            stat_error, membership)
+                            stat_error, membership,
+                            doors={node.address: containers.get(node.door_role, "unknown")
+                                   for node in door.nodes})
         path = check_path(self.router_kind)
         for slot in door.slots:
             report.slots.append(self._slot(slot, containers.get(slot.role, "unknown"), stat,
@@ -311,7 +320,10 @@ class DoorProbes:
 
     def _door_problems(self, report: DoorReport) -> list[str]:
         problems = []
-        if report.container != "running":
+        if report.doors:
+            problems += [f"the door's container on {node} is {state}"
+                         for node, state in report.doors.items() if state != "running"]
+        elif report.container != "running":
             problems.append(f"the door's container is {report.container}")
         if not report.answer.ok:
             problems.append(f"GET {report.url}/health through the door: "

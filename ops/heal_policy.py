@@ -2,8 +2,10 @@
 
 A *unit* is what a heal restarts whole: an SGLang group (every rank), the Mooncake master, the
 router, or with the door the door itself and each of its slots (`router-a`, `router-b`: one
-slot dead while the other serves is its own unit, healed alone). A heal is one `refresh` + `up`
-of the stack; it replaces every unit found broken.
+slot dead while the other serves is its own unit, healed alone); with the door on two nodes,
+each node's door and keepalived too (`door-A-B-C-D`, `keepalived`, `keepalived-A-B-C-D`), so a
+dead keepalived is put back without touching the door that serves beside it. A heal is one
+`refresh` + `up` of the stack; it replaces every unit found broken.
 The limits are the ones an operator asks of an automatic restarter: a grace period before the
 first heal, at most K heals per unit per hour, exponential back-off after a failed heal, hands
 off while a person's update is recent or running, and never over changes no one applied.
@@ -104,7 +106,7 @@ class Decision:
 
 def unit_of(row: Row) -> str:
     """A rank's group; anything else is its own unit by its role (mooncake-master, router,
-    door, router-a, router-b)."""
+    door, router-a, router-b; on two door nodes door-A-B-C-D, keepalived, keepalived-A-B-C-D)."""
     return row.ref.group or row.ref.role
 
 

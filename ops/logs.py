@@ -5,7 +5,10 @@ noted as absent; a node that cannot be reached is noted as failed; the bundle is
 
 With the door, its container's `docker logs` is the door's access log (HAProxy logs every
 request to stdout), and the bundle adds the door's runtime state (`show stat`, `show servers
-state`) from its admin socket.
+state`) from its admin socket. With the door on two nodes, each keepalived's container log
+(keepalived logs to stdout: every VRRP transition, every advert refused) is among the
+containers, and each door node adds what status reads of the virtual IP there: its addresses
+(`ip -o -4 addr show`) and keepalived's last state (its notify script's file).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from . import DEGRADED, DOWN, OK
 from .door import runtime_api_command
 from .remote import RemoteError, Transport
 from .stack import DOOR, ContainerRef, Door, Topology
+from .virtual_ip import address_command, state_command
 
 # Node-wide diagnostics: file name -> program and arguments. Missing programs are expected
 # (no GPUs on a router-only node, no RDMA tools in a minimal install).
@@ -148,12 +152,29 @@ class Collector:
                 for file, argv in NODE_COMMANDS.items()]
 
     def door(self, door: Door) -> list:
-        """The door's runtime state, read on its node (a door that is down refuses: noted)."""
-        return [(self._run, door.node, f"{door.node}/{file}",
+        """The door's runtime state, read on its node, or on each door node when it stands on
+        two (each HAProxy checks the slots on its own; a door that is down refuses: noted)."""
+        nodes = [node.address for node in door.nodes] or [door.node]
+        return [(self._run, node, f"{node}/{file}",
                  f"python3 runtime API: {command}",
                  runtime_api_command(door.admin_socket, command, min(self.timeout, 10.0)),
                  None, True)
-                for file, command in DOOR_COMMANDS.items()]
+                for node in nodes for file, command in DOOR_COMMANDS.items()]
+
+    def virtual_ip(self, door: Door) -> list:
+        """On each door node: who holds the address there and keepalived's last state, as
+        `kimipd status` reads them (ops/virtual_ip.py)."""
+        if door.virtual_ip is None:
+            return []
+        jobs = []
+        for node in door.nodes:
+            jobs += [(self._run, node.address, f"{node.address}/ip-addr.txt",
+                      f"ip addr on {door.virtual_ip.interface}",
+                      address_command(door.virtual_ip.interface) + " 2>&1", None, True),
+                     (self._run, node.address, f"{node.address}/keepalived-state.txt",
+                      "keepalived's state file", state_command(node.state_file) + " 2>&1",
+                      None, True)]
+        return jobs
 
     def discover(self, node: str) -> list[str]:
         """Every kimipd-* container on the node, running or not."""
@@ -195,6 +216,9 @@ def collect_bundle(topology: Topology, transport: Transport, out_dir: Path, sinc
         if door is not None and (not selectors or any(ref.role == DOOR or ref.slot is not None
                                                       for ref in chosen)):
             jobs += collector.door(door)
+        if door is not None and (not selectors or any(
+                ref.role.startswith(("door", "keepalived")) for ref in chosen)):
+            jobs += collector.virtual_ip(door)
         for future in [pool.submit(*job) for job in jobs]:
             future.result()
 

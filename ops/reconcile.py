@@ -29,6 +29,7 @@ from .probe import Prober
 from .remote import Transport
 from .stack import Access, Stack, StackError
 from .stack_engine import HealFailed, StackEngine, StackLocked
+from .virtual_ip import VirtualIpReport, virtual_ip_families
 
 
 @dataclass(frozen=True)
@@ -68,13 +69,14 @@ def save_memory(path: Path, memory: Memory) -> None:
 
 
 def metric_families(stack: str, memory: Memory, decision: Decision | None,
-                    now: float) -> list[Metric]:
-    """What reconcile did and saw, as Prometheus metric families."""
+                    now: float, virtual_ip: VirtualIpReport | None = None) -> list[Metric]:
+    """What reconcile did and saw, as Prometheus metric families (with the door on two nodes,
+    also who holds the virtual IP and each keepalived's state, from the pass's status)."""
     per_unit = ["stack", "unit"]
     heals = CounterMetricFamily(
         "kimipd_reconcile_heals_total",
         "Heals whose refresh and up converged, per unit (group, mooncake-master, router, door, "
-        "router-a, router-b).",
+        "router-a, router-b, keepalived).",
         labels=per_unit)
     failures = CounterMetricFamily("kimipd_reconcile_heal_failures_total",
                                    "Heals that failed, per unit.", labels=per_unit)
@@ -123,7 +125,7 @@ def metric_families(stack: str, memory: Memory, decision: Decision | None,
                                          labels=["stack"])
         last_healthy.add_metric([stack], memory.last_healthy)
         families.append(last_healthy)
-    return families
+    return families + virtual_ip_families(stack, virtual_ip)
 
 
 class ReconcileMetrics(Collector):
@@ -139,8 +141,9 @@ class ReconcileMetrics(Collector):
         # A scrape during a pass reads the previous pass's families: they are replaced whole.
         return self.families
 
-    def update(self, stack: str, memory: Memory, decision: Decision | None, now: float) -> None:
-        self.families = metric_families(stack, memory, decision, now)
+    def update(self, stack: str, memory: Memory, decision: Decision | None, now: float,
+               virtual_ip: VirtualIpReport | None = None) -> None:
+        self.families = metric_families(stack, memory, decision, now, virtual_ip)
 
 
 class MetricsEndpoint:
@@ -174,10 +177,14 @@ class Reconciler:
         self.metrics = ReconcileMetrics()
         self.endpoint: MetricsEndpoint | None = None
         self.last: Decision | None = None
+        # What this pass's status saw of the virtual IP (None: no door on two nodes, or the
+        # pass did not get that far): its metrics vanish rather than repeat an old answer.
+        self.virtual_ip: VirtualIpReport | None = None
 
     def run_pass(self) -> Decision:
         started = self.clock()
         record: dict[str, Any] = {}
+        self.virtual_ip = None
         try:
             decision = self._decide(started, record)
         except StackError as error:
@@ -201,6 +208,7 @@ class Reconciler:
                         tls=status_command.door_tls(stack))
         try:
             report = self.status(stack, transport, prober)
+            self.virtual_ip = report.virtual_ip
             seen, slot = self._router_sees(stack, prober)
         finally:
             prober.close()
@@ -325,7 +333,8 @@ class Reconciler:
             units = f" [{', '.join(decision.units)}]" if decision.units else ""
             print(f"{decision.kind}{units}: {decision.message}", file=self.settings.echo,
                   flush=True)
-        self.metrics.update(self.settings.stack, self.memory, decision, self.clock())
+        self.metrics.update(self.settings.stack, self.memory, decision, self.clock(),
+                            self.virtual_ip)
         if self.settings.metrics_file is not None:
             self.settings.metrics_file.parent.mkdir(parents=True, exist_ok=True)
             # Written aside and renamed over the file: a textfile collector never reads half.

@@ -70,8 +70,32 @@ class Slot:
 
 
 @dataclass(frozen=True)
+class DoorNode:
+    """One of the two door nodes (the `door` output's `nodes`): its door and its keepalived."""
+
+    address: str
+    door_role: str  # door on router.node, door-A-B-C-D on the other
+    door_container: str
+    keepalived_role: str  # keepalived, keepalived-A-B-C-D
+    keepalived_container: str
+    # Where keepalived's notify script writes the instance's state on this node.
+    state_file: str
+
+
+@dataclass(frozen=True)
+class VirtualIp:
+    """The address clients use, moved between the door nodes by keepalived (VRRP)."""
+
+    address: str
+    prefix_length: int
+    interface: str
+    vrid: int
+
+
+@dataclass(frozen=True)
 class Door:
-    """The `door` output: HAProxy on the router's node owning router.port."""
+    """The `door` output: HAProxy on the router's node owning router.port (on two door nodes,
+    one door on each and a virtual IP between them)."""
 
     url: str  # http(s)://NODE:PORT, what routerUrl says
     tls: bool
@@ -81,6 +105,9 @@ class Door:
     slots: tuple[Slot, ...]
     metrics_url: str | None = None
     backend: str = DOOR_BACKEND
+    # Both door nodes, router.node first; () with a door on router.node alone.
+    nodes: tuple[DoorNode, ...] = ()
+    virtual_ip: VirtualIp | None = None
 
     @property
     def port(self) -> int:
@@ -101,15 +128,40 @@ class Door:
                      metrics_port=(int(entry["metricsPort"]) if entry.get("metricsPort")
                                    is not None else None))
                 for name, entry in sorted((door.get("slots") or {}).items()))
+            node = str(door.get("node") or urlsplit(url).hostname or "")
             return cls(url=url, tls=bool(door.get("tls", url.startswith("https://"))),
-                       node=str(door.get("node") or urlsplit(url).hostname or ""),
+                       node=node,
                        admin_socket=str(door["adminSocket"]),
                        container=str(door.get("container") or f"kimipd-{DOOR}"),
                        slots=slots, metrics_url=door.get("metricsUrl"),
-                       backend=str(door.get("backend") or DOOR_BACKEND))
+                       backend=str(door.get("backend") or DOOR_BACKEND),
+                       nodes=door_nodes(door.get("nodes") or {}, node),
+                       virtual_ip=virtual_ip(door.get("virtualIp")))
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise StackError(f"the stack's `door` output cannot be read ({type(error).__name__}: "
                              f"{error}): {json.dumps(door, default=str)[:300]}") from None
+
+
+def door_nodes(nodes: Mapping[str, Any], router_node: str) -> tuple[DoorNode, ...]:
+    """The `door` output's `nodes` (address -> its door and keepalived), router.node first."""
+    found = []
+    for address, entry in nodes.items():
+        keepalived = entry.get("keepalived") or {}
+        found.append(DoorNode(
+            address=str(address), door_role=str(entry["role"]),
+            door_container=str(entry["container"]),
+            keepalived_role=str(keepalived["role"]),
+            keepalived_container=str(keepalived["container"]),
+            state_file=str(keepalived["stateFile"])))
+    return tuple(sorted(found, key=lambda node: (node.address != router_node,
+                                                 _address_key(node.address))))
+
+
+def virtual_ip(entry: Mapping[str, Any] | None) -> VirtualIp | None:
+    if not entry:
+        return None
+    return VirtualIp(address=str(entry["address"]), prefix_length=int(entry["prefixLength"]),
+                     interface=str(entry["interface"]), vrid=int(entry["vrid"]))
 
 
 @dataclass(frozen=True)
@@ -156,7 +208,8 @@ class Topology:
             if ref.group is not None:
                 mode = groups[ref.group].get("mode")
                 return (mode_order.get(mode, 3), ref.group, ref.rank, ref.role)
-            if ref.role == DOOR:  # the door first, then the routers behind it
+            # The door (each door, on two door nodes) first, then the routers behind it.
+            if ref.role == DOOR or ref.role.startswith(DOOR + "-"):
                 return (4, "", 0, ref.role)
             return (4 if ref.is_router else 5, "", 1, ref.role)
 

@@ -4,7 +4,9 @@ by its timeout: a dead node costs its own rows, never the table.
 
 With the door (the `door` output): the door's port, each slot's readiness and state at the door
 (HAProxy's runtime API, over SSH on the router's node), and where each group stands in each
-slot (registered, healthy, load: the slot's GET /workers)."""
+slot (registered, healthy, load: the slot's GET /workers). With the door on two nodes, also
+which node holds the virtual IP and each keepalived's state (ops/virtual_ip.py); two holders or
+none is down."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from .door import DoorProbes, DoorReport, serving_at_door
 from .probe import HttpAnswer, Prober, Tls, tls_check
 from .remote import CommandTimeout, RemoteError, Transport
 from .stack import ContainerRef, Stack, Topology
+from .virtual_ip import VirtualIpProbes, VirtualIpReport
 
 GENERATION_LABEL = "kimipd.restart-generation"
 # The whole path: one token through the router (prefill, KV hand-off, decode).
@@ -72,6 +75,8 @@ class Report:
     door: DoorReport | None = None
     # Nodes whose SSH or docker engine did not answer, first in the report.
     lost: list[LostNode] = field(default_factory=list)
+    # Who holds the door's virtual IP; None without one (a door on router.node alone).
+    virtual_ip: VirtualIpReport | None = None
 
     def as_json(self) -> dict[str, Any]:
         document = {
@@ -102,6 +107,8 @@ class Report:
         }
         if self.door is not None:
             document["door"] = self.door.as_json()
+        if self.virtual_ip is not None:
+            document["virtualIp"] = self.virtual_ip.as_json()
         document["lostNodes"] = [lost.as_json() for lost in self.lost]
         return document
 
@@ -328,6 +335,9 @@ def collect(topology: Topology, transport: Transport, prober: Prober, timeout: f
         door = (DoorProbes(topology.door, topology.groups, transport, prober, timeout, api_key,
                            router_kind) if topology.door else None)
         door_futures = door.submit(pool) if door else []
+        vip = (VirtualIpProbes(topology.door, transport, timeout)
+               if topology.door is not None and topology.door.virtual_ip is not None else None)
+        door_futures += vip.submit(pool) if vip else []
         # A probe is bounded by its timeout (direct, then over SSH: connect + command); this is
         # the backstop for one that is not.
         everything = [*inspections.values(), *health.values(), *tables.values(),
@@ -353,11 +363,12 @@ def collect(topology: Topology, transport: Transport, prober: Prober, timeout: f
     firewall = {node: result(future, "unknown: timed out") for node, future in tables.items()}
     missing = [node for node, state in firewall.items() if state == "missing"]
     door_report = None
+    containers = {row.ref.role: container_state(row.docker) for row in rows}
     if door is not None:
         verification = (prober.tls.verification if prober.tls is not None
                         else "verified against the system's trust store")
-        door_report = door.report({row.ref.role: container_state(row.docker) for row in rows},
-                                  verification)
+        door_report = door.report(containers, verification)
+    vip_report = vip.report(containers) if vip is not None else None
     notes = []
     if path_answer is None:
         notes.append("no generateUrl output: the whole path was not probed")
@@ -373,17 +384,21 @@ def collect(topology: Topology, transport: Transport, prober: Prober, timeout: f
     if nothing_answered:
         exit_code, verdict = DOWN, "unreachable"
         notes.append("no node answered over SSH and no HTTP probe got an answer")
+    elif vip_report is not None and vip_report.down is not None:
+        exit_code, verdict = DOWN, "down"
+        notes.append(vip_report.down)
     elif door_report is not None and not (door_report.open and door_report.serving_slots):
         exit_code, verdict = DOWN, "down"
         notes.append("the door does not take connections: no request gets in" if not
                      door_report.open else "no slot serves at the door: every request fails")
     elif (all(row.ok for row in rows) and path_answer is not None and path_answer.ok
-          and not missing and (door_report is None or door_report.ok)):
+          and not missing and (door_report is None or door_report.ok)
+          and (vip_report is None or vip_report.ok)):
         exit_code, verdict = OK, "serving"
     else:
         exit_code, verdict = DEGRADED, "degraded"
     return Report(topology.stack, now, True, rows, path_answer, exit_code, verdict, notes,
-                  firewall, door_report, lost_nodes(rows))
+                  firewall, door_report, lost_nodes(rows), vip_report)
 
 
 # -- rendering -----------------------------------------------------------------------------------
@@ -464,6 +479,32 @@ def _door_lines(door: DoorReport) -> list[Any]:
     return lines
 
 
+def _keepalived_text(state: str) -> Text:
+    return Text(state, style="green" if state in ("MASTER", "BACKUP") else
+                "yellow" if state == "unknown" else "red")
+
+
+def _virtual_ip_lines(vip: VirtualIpReport) -> list[Any]:
+    held = (" and ".join(vip.holders) + (" (split brain)" if len(vip.holders) > 1 else "")
+            if vip.holders else "no door node")
+    lines: list[Any] = [Text.assemble(
+        ("virtual IP ", "bold"), f"{vip.address} on {vip.interface}: held by ",
+        (held, "green" if len(vip.holders) == 1 else "red"))]
+    table = Table(show_edge=False, pad_edge=False)
+    for column in ("door node", "door", "keepalived", "state", "holds"):
+        table.add_column(column, no_wrap=True)
+    for node in vip.nodes:
+        holds = (Text("unknown", style="yellow") if node.holds is None
+                 else Text("yes" if node.holds else "no"))
+        table.add_row(node.address, _container_text(node.door),
+                      _container_text(node.keepalived_container),
+                      _keepalived_text(node.keepalived), holds)
+    lines.append(table)
+    lines += [Text(f"virtual IP: {problem}", style="red")
+              for problem in ([vip.down] if vip.down else []) + vip.problems]
+    return lines
+
+
 def render(report: Report) -> Group:
     title = (f"stack {report.stack}: {report.verdict} "
              f"({report.checked_at.strftime('%Y-%m-%d %H:%M:%S UTC')})")
@@ -484,6 +525,8 @@ def render(report: Report) -> Group:
     lines: list[Any] = [*lost, table]
     if report.door is not None:
         lines += _door_lines(report.door)
+    if report.virtual_ip is not None:
+        lines += _virtual_ip_lines(report.virtual_ip)
     if report.path is not None:
         path = report.path
         outcome = (f"{path.status} in {path.seconds:.3f}s" if path.status is not None

@@ -18,8 +18,8 @@ from .door import (DOOR, door_admin_socket, door_ca_file, door_haproxy_config, d
 from .firewall import (firewall_apply_command, firewall_remove_command, firewall_ruleset,
                        firewall_table)
 from .keepalived import (door_check_file, keepalived_config, keepalived_config_file,
-                         keepalived_plan, remove_virtual_ip_files_command, virtual_ip_dir,
-                         virtual_ip_spec, write_keepalived_config_command)
+                         keepalived_plan, keepalived_state_file, remove_virtual_ip_files_command,
+                         virtual_ip_dir, virtual_ip_spec, write_keepalived_config_command)
 from .layout import MOONCAKE_MASTER, NODE_ASSET_DIR, NODE_SCRIPTS, ROUTER, rank_role
 from .membership import (admit_command, drain_command, restore_command, router_ready_command,
                          slot_admit_command, slot_door_admit_command, slot_door_drain_command,
@@ -88,6 +88,7 @@ __all__ = [
     "keepalived_config",
     "keepalived_config_file",
     "keepalived_plan",
+    "keepalived_state_file",
     "remove_virtual_ip_files_command",
     "virtual_ip_dir",
     "virtual_ip_spec",

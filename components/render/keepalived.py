@@ -65,6 +65,12 @@ def door_check_file(cfg: ClusterConfig) -> str:
     return f"{virtual_ip_dir(cfg)}/door-down"
 
 
+def keepalived_state_file(cfg: ClusterConfig) -> str:
+    """What keepalived's notify script writes at every change of the instance's state (MASTER,
+    BACKUP, FAULT, STOP): what `kimipd status` reads on each door node."""
+    return f"{virtual_ip_dir(cfg)}/state"
+
+
 def virtual_ip_interface(cfg: ClusterConfig) -> str:
     return virtual_ip_spec(cfg).interface or cfg.network.compute_interface
 
@@ -90,6 +96,11 @@ def keepalived_config(cfg: ClusterConfig, address: str) -> str:
 global_defs {{
     router_id kimipd-door-{address}
     vrrp_version 3
+    # The notify script runs as root, as keepalived does in its container: without
+    # script_user it wants a user keepalived_script the image lacks, and without script
+    # security `keepalived -t` refuses any script (2.2.7: "SECURITY VIOLATION", exit 6).
+    script_user root
+    enable_script_security
 }}
 
 track_file door_down {{
@@ -117,6 +128,9 @@ vrrp_instance {INSTANCE} {{
     track_file {{
         door_down
     }}
+    # Each new state into a file `kimipd status` reads (keepalived has no query interface);
+    # run by bash, as the container's command is: the copied script need not be executable.
+    notify "/bin/bash {VIRTUAL_IP_SCRIPT} --notify {keepalived_state_file(cfg)}"
 }}
 """
 

@@ -34,6 +34,9 @@ from tests.ops.loopback import LocalNodes, free_port
 KEY = "door-test-key"
 MASTER_NODE, PREFILL_NODE, DECODE_NODE, ROUTER_NODE = (
     "127.0.1.1", "127.0.1.2", "127.0.1.3", "127.0.1.4")
+# With the door on two nodes: the other door node (slot b's) and the address they share.
+OTHER_DOOR_NODE, VIRTUAL_IP = "127.0.1.5", "127.0.1.100"
+OTHER_DOOR, OTHER_KEEPALIVED = "door-127-0-1-5", "keepalived-127-0-1-5"
 
 # HAProxy 2.6's `show stat` header (every column it prints, in its order).
 STAT_COLUMNS = (
@@ -296,27 +299,54 @@ def certificate_pair(directory: Path, host: str) -> tuple[str, ssl.SSLContext]:
 
 
 class DoorStack:
-    """mc-master, one prefill and one decode group (a rank each), the door and its two slots."""
+    """mc-master, one prefill and one decode group (a rank each), the door and its two slots.
+    TWO_NODES: the door on ROUTER_NODE and OTHER_DOOR_NODE (slot b there), each with its
+    keepalived, and the door's port on VIRTUAL_IP, held by the nodes in `holders` (what their
+    `ip -o -4 addr show` lists) while each keepalived's state file says what `keepalived(...)`
+    last wrote."""
 
-    def __init__(self, directory: Path, tls: bool = False) -> None:
+    def __init__(self, directory: Path, tls: bool = False, two_nodes: bool = False) -> None:
+        self.two_nodes = two_nodes
         self.master = HealthOnly(MASTER_NODE)
         self.groups = {"prefill": HealthOnly(PREFILL_NODE), "decode": HealthOnly(DECODE_NODE)}
-        self.slots = {name: FakeSlot(ROUTER_NODE, self.groups) for name in ("a", "b")}
+        self.slots = {name: FakeSlot(OTHER_DOOR_NODE if two_nodes and name == "b"
+                                     else ROUTER_NODE, self.groups) for name in ("a", "b")}
         self.admin = AdminSocket()
         self.exporter = HealthOnly(ROUTER_NODE)  # the door's monitor-uri: its healthUrl
         self.ca: str | None = None
         context = None
+        self.door_host = VIRTUAL_IP if two_nodes else ROUTER_NODE
         if tls:
-            self.ca, context = certificate_pair(directory, ROUTER_NODE)
-        self.door = FakeDoor(ROUTER_NODE, self.slots, self.admin, context)
+            self.ca, context = certificate_pair(directory, self.door_host)
+        self.door = FakeDoor(self.door_host, self.slots, self.admin, context)
         self.tls = tls
         self.containers: dict[str, FakeContainer] = {
             role: FakeContainer() for role in ("mooncake-master", "prefill-r0", "decode-r0",
                                                "door", "router-a", "router-b")}
+        self.addresses: dict[str, list[str]] = {}
+        self.state_files: dict[str, Path] = {}
+        if two_nodes:
+            self.other_exporter = HealthOnly(OTHER_DOOR_NODE)
+            self.containers |= {role: FakeContainer() for role in
+                                (OTHER_DOOR, "keepalived", OTHER_KEEPALIVED)}
+            self.state_files = {node: directory / f"keepalived-{node}.state"
+                                for node in (ROUTER_NODE, OTHER_DOOR_NODE)}
+            self.hold(ROUTER_NODE)
+            self.keepalived(ROUTER_NODE, "MASTER")
+            self.keepalived(OTHER_DOOR_NODE, "BACKUP")
+
+    def hold(self, *nodes: str) -> None:
+        """The virtual IP is on these door nodes' interfaces (none, one, or both: split brain)."""
+        for node in (ROUTER_NODE, OTHER_DOOR_NODE):
+            self.addresses[node] = [node, VIRTUAL_IP] if node in nodes else [node]
+
+    def keepalived(self, node: str, state: str) -> None:
+        """What keepalived's notify script last wrote on NODE."""
+        self.state_files[node].write_text(state + "\n")
 
     @property
     def door_url(self) -> str:
-        return f"{'https' if self.tls else 'http'}://{ROUTER_NODE}:{self.door.port}"
+        return f"{'https' if self.tls else 'http'}://{self.door_host}:{self.door.port}"
 
     def outputs(self) -> dict[str, Any]:
         node_of = {"mooncake-master": MASTER_NODE, "prefill-r0": PREFILL_NODE,
@@ -332,7 +362,7 @@ class DoorStack:
                      "healthUrl": self.exporter.url + "/health"},
         }
         for name, slot in self.slots.items():
-            containers[f"router-{name}"] = {"node": ROUTER_NODE,
+            containers[f"router-{name}"] = {"node": slot.host,
                                             "container": f"kimipd-router-{name}",
                                             "healthUrl": slot.url + "/health"}
         groups = {name: {"mode": name, "endpoint": server.url, "bootstrapPort": 8998,
@@ -347,14 +377,44 @@ class DoorStack:
                              "role": f"router-{name}"}
                       for i, (name, slot) in enumerate(self.slots.items())},
         }
+        nodes = [MASTER_NODE, PREFILL_NODE, DECODE_NODE, ROUTER_NODE]
+        if self.two_nodes:
+            nodes.append(OTHER_DOOR_NODE)
+            self._two_door_nodes(containers, door)
         return {"serving": True, "restartGeneration": 0, "groups": groups,
-                "nodes": {node: {"roles": []} for node in
-                          (MASTER_NODE, PREFILL_NODE, DECODE_NODE, ROUTER_NODE)},
+                "nodes": {node: {"roles": []} for node in nodes},
                 "containers": containers, "door": door, "routerUrl": self.door_url,
                 "generateUrl": self.door_url + "/generate"}
 
+    def _two_door_nodes(self, containers: dict[str, Any], door: dict[str, Any]) -> None:
+        """The outputs' parts a door on two nodes adds (components/cluster.py's door_output)."""
+        vip_health = self.door_url + "/health"  # keepalived's gate: the door through the VIP
+        containers |= {
+            OTHER_DOOR: {"node": OTHER_DOOR_NODE, "container": "kimipd-door",
+                         "healthUrl": self.other_exporter.url + "/health"},
+            "keepalived": {"node": ROUTER_NODE, "container": "kimipd-keepalived",
+                           "healthUrl": vip_health},
+            OTHER_KEEPALIVED: {"node": OTHER_DOOR_NODE, "container": "kimipd-keepalived",
+                               "healthUrl": vip_health}}
+        for name, slot in self.slots.items():
+            door["slots"][name]["node"] = slot.host
+        door["nodes"] = {
+            node: {"role": door_role, "container": "kimipd-door",
+                   "metricsUrl": exporter.url + "/metrics",
+                   "keepalived": {"role": keepalived_role, "container": "kimipd-keepalived",
+                                  "stateFile": str(self.state_files[node])},
+                   "peer": peer}
+            for node, door_role, keepalived_role, exporter, peer in (
+                (ROUTER_NODE, "door", "keepalived", self.exporter, OTHER_DOOR_NODE),
+                (OTHER_DOOR_NODE, OTHER_DOOR, OTHER_KEEPALIVED, self.other_exporter,
+                 ROUTER_NODE))}
+        door["virtualIp"] = {"address": VIRTUAL_IP, "prefixLength": 32, "interface": "bond1",
+                             "vrid": 51, "advertIntervalMs": 100, "checkFile": "/nonexistent"}
+
     def nodes(self, **kwargs) -> LocalNodes:
         by_role = self.outputs()["containers"]
+        if self.two_nodes:
+            kwargs.setdefault("addresses", self.addresses)
         return LocalNodes({(by_role[role]["node"], by_role[role]["container"]): container
                            for role, container in self.containers.items()}, **kwargs)
 
@@ -370,7 +430,8 @@ class DoorStack:
                                                "check_code": "", "lastchg": "4"}
 
     def stop(self) -> None:
+        others = [self.other_exporter] if self.two_nodes else []
         for server in (self.master, *self.groups.values(), *self.slots.values(), self.exporter,
-                       self.door):
+                       self.door, *others):
             server.stop()
         self.admin.stop()

@@ -262,8 +262,10 @@ class LocalNodes:
     def __init__(self, containers: dict[tuple[str, str], Proc | None], generation: str = "0",
                  unreachable: set[str] | None = None, black_holes: set[str] | None = None,
                  without_firewall: set[str] | None = None,
-                 slow_engines: set[str] | None = None):
+                 slow_engines: set[str] | None = None,
+                 addresses: dict[str, list[str]] | None = None):
         self.containers = containers
+        self.addresses = addresses
         # `nft list table ...` answers as on a node whose table is gone (nothing runs here:
         # this machine's own firewall is never read or touched).
         self.without_firewall = without_firewall or set()
@@ -312,6 +314,12 @@ class LocalNodes:
             if node in self.without_firewall:
                 return RemoteResult(node, command, 1, b"", b"Error: No such file or directory\n")
             return RemoteResult(node, command, 0, b"", b"")
+        if argv[:2] == ["ip", "-o"] and self.addresses is not None:
+            device = argv[-1]
+            lines = "".join(f"2: {device}    inet {address}/32 scope global {device}\\       "
+                            "valid_lft forever preferred_lft forever\n"
+                            for address in self.addresses.get(node, []))
+            return RemoteResult(node, command, 0, lines.encode(), b"")
         if argv[:2] == ["docker", "inspect"]:
             if node in self.slow_engines:
                 self.slow_engines.discard(node)

@@ -17,7 +17,8 @@ from ops.cli import main
 from ops.logs import collect_bundle
 from ops.remote import RemoteResult
 from ops.stack import Topology
-from tests.ops.door_fakes import AdminSocket
+from tests.ops.door_fakes import (OTHER_DOOR_NODE, OTHER_KEEPALIVED, ROUTER_NODE, VIRTUAL_IP,
+                                  AdminSocket, DoorStack)
 from tests.ops.test_logs import read_bundle
 from tests.ops.test_stack import DOOR_NODE, door_outputs
 
@@ -131,3 +132,63 @@ def test_a_door_whose_socket_refuses_keeps_the_error_as_evidence(tmp_path: Path,
     assert code == OK, text  # a diagnostic that ran and failed is kept, not a failure
     assert "exit 1: python3 runtime API: show stat (FileNotFoundError: [Errno 2] No such file " \
            f"or directory; output kept) on {DOOR_NODE}" in text
+
+
+# -- the door on two nodes ----------------------------------------------------------------------
+
+
+class TwoDoorNodes(DoorNodes):
+    """DoorNodes with each door node's addresses and keepalived's state file (read here)."""
+
+    def __init__(self, outputs: dict, holders: dict[str, list[str]]) -> None:
+        super().__init__(outputs)
+        self.holders = holders
+
+    def run(self, node, command, timeout, stdin=None, on_stdout=None) -> RemoteResult:
+        argv = shlex.split(command.removesuffix(" 2>&1"))
+        if argv[:2] == ["ip", "-o"]:
+            with self._lock:
+                self.commands.append((node, command))
+            out = "".join(f"2: bond1    inet {address}/32 scope global bond1\n"
+                          for address in self.holders[node])
+            return RemoteResult(node, command, 0, out.encode(), b"")
+        if argv[0] == "cat":
+            with self._lock:
+                self.commands.append((node, command))
+            return RemoteResult(node, command, 0, Path(argv[1]).read_bytes(), b"")
+        if argv[:2] == ["docker", "logs"] and argv[-1] == "kimipd-keepalived":
+            with self._lock:
+                self.commands.append((node, command))
+            return RemoteResult(node, command, 0, (
+                f"2026-12-01T10:00:00.100000000Z Keepalived_vrrp: (door) Entering "
+                f"{'MASTER' if node == ROUTER_NODE else 'BACKUP'} STATE\n").encode(), b"")
+        return super().run(node, command, timeout, stdin, on_stdout)
+
+
+def test_each_keepalived_s_log_and_each_door_node_s_hold_on_the_address(
+        tmp_path: Path) -> None:
+    stack = DoorStack(tmp_path, two_nodes=True)
+    try:
+        outputs = stack.outputs()
+        nodes = TwoDoorNodes(outputs, stack.addresses)
+        path, index, code = collect_bundle(Topology.from_outputs("door", outputs), nodes,
+                                           tmp_path / "out", selectors=["keepalived"])
+        files = read_bundle(path)
+        whole, _, whole_code = collect_bundle(Topology.from_outputs("door", outputs), nodes,
+                                              tmp_path / "whole")
+        everything = read_bundle(whole)
+    finally:
+        stack.stop()
+    assert code == OK, [f for f in index["files"] if f["status"] != "ok"]
+    assert [c["role"] for c in index["containers"]] == ["keepalived", OTHER_KEEPALIVED]
+    assert "Entering MASTER STATE" in files[f"{ROUTER_NODE}/kimipd-keepalived.log"]
+    assert "Entering BACKUP STATE" in files[f"{OTHER_DOOR_NODE}/kimipd-keepalived.log"]
+    assert VIRTUAL_IP in files[f"{ROUTER_NODE}/ip-addr.txt"]
+    assert VIRTUAL_IP not in files[f"{OTHER_DOOR_NODE}/ip-addr.txt"]
+    assert files[f"{ROUTER_NODE}/keepalived-state.txt"] == "MASTER\n"
+    assert files[f"{OTHER_DOOR_NODE}/keepalived-state.txt"] == "BACKUP\n"
+    # Without --role: both doors' runtime state too (each HAProxy checks the slots on its own).
+    assert whole_code == OK
+    assert {f"{node}/{name}" for node in (ROUTER_NODE, OTHER_DOOR_NODE)
+            for name in ("door-show-stat.csv", "ip-addr.txt", "keepalived-state.txt",
+                         "kimipd-keepalived.log", "kimipd-door.log")} <= set(everything)

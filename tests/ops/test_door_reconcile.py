@@ -15,7 +15,8 @@ from components.config import VerificationSpec
 from ops.heal_policy import MESSAGE_PREFIX, SERVING, WAITING, Limits, Memory, assess, breakages
 from ops.reconcile import Reconciler, Settings
 from ops.stack import Access, Stack, Topology
-from tests.ops.door_fakes import KEY, DoorStack
+from tests.ops.door_fakes import (KEY, OTHER_DOOR, OTHER_DOOR_NODE, OTHER_KEEPALIVED,
+                                  ROUTER_NODE, VIRTUAL_IP, DoorStack)
 from tests.ops.test_reconcile import Engine
 from tests.unit.test_heal_policy import report, row
 
@@ -105,3 +106,66 @@ def test_units_of_a_door_stack() -> None:
     both = breakages(report(row("door", "exited", ok=False), row("router-a", ok=False),
                             row("router-b")))
     assert sorted(both) == ["door", "router-a"]
+
+
+# -- the door on two nodes: each door and each keepalived is a unit of its own -------------------
+
+
+@pytest.fixture
+def two_nodes(tmp_path: Path) -> Iterator[DoorStack]:
+    started = DoorStack(tmp_path, two_nodes=True)
+    yield started
+    started.stop()
+
+
+def test_a_dead_keepalived_on_either_door_node_is_a_unit_healed_alone(
+        tmp_path, two_nodes: DoorStack) -> None:
+    """The address stays where it is (nothing fails), but cannot move: reconcile puts the
+    keepalived back, and only it (a new keepalived starts as BACKUP: nopreempt)."""
+    h = Harness(tmp_path, two_nodes)
+    assert h.run().kind == "healthy"
+    two_nodes.kill(OTHER_KEEPALIVED)
+    grace = h.run(1)
+    assert (grace.kind, grace.exit_code, grace.units) == ("grace", WAITING, (OTHER_KEEPALIVED,))
+    assert grace.details["problems"][OTHER_KEEPALIVED] == [
+        f"kimipd-keepalived on {OTHER_DOOR_NODE}: exited (exit 137)"]
+    healed = h.run(10)
+    assert (healed.kind, healed.units) == ("healed", (OTHER_KEEPALIVED,))
+    assert h.engine.heals == [f"{MESSAGE_PREFIX} heal {OTHER_KEEPALIVED} (kimipd-keepalived on "
+                              f"{OTHER_DOOR_NODE}: exited (exit 137))"]
+
+
+def test_a_dead_keepalived_on_the_router_node_and_a_dead_door_on_the_other(
+        tmp_path, two_nodes: DoorStack) -> None:
+    h = Harness(tmp_path, two_nodes)
+    two_nodes.kill("keepalived")
+    two_nodes.kill(OTHER_DOOR)
+    two_nodes.other_exporter.stop()
+    decision = h.run()
+    assert (decision.kind, decision.units) == ("grace", (OTHER_DOOR, "keepalived"))
+    assert decision.details["problems"][OTHER_DOOR][0] == (
+        f"kimipd-door on {OTHER_DOOR_NODE}: exited (exit 137)")
+
+
+def test_each_pass_exports_who_holds_the_virtual_ip(tmp_path, two_nodes: DoorStack) -> None:
+    """For KimipdVirtualIpSplitBrain, KimipdVirtualIpNoHolder and KimipdKeepalivedDown
+    (observability/rules.py): nothing else exports them."""
+    h = Harness(tmp_path, two_nodes)
+    h.run()
+    registry = h.reconciler.metrics.registry
+
+    def held(node: str) -> float | None:
+        return registry.get_sample_value("kimipd_virtual_ip_held", {
+            "stack": "door", "node": node, "address": VIRTUAL_IP})
+
+    def state(node: str, name: str) -> float | None:
+        return registry.get_sample_value("kimipd_keepalived_state",
+                                         {"stack": "door", "node": node, "state": name})
+
+    assert (held(ROUTER_NODE), held(OTHER_DOOR_NODE)) == (1.0, 0.0)
+    assert (state(ROUTER_NODE, "MASTER"), state(OTHER_DOOR_NODE, "BACKUP")) == (1.0, 1.0)
+    two_nodes.hold(ROUTER_NODE, OTHER_DOOR_NODE)
+    two_nodes.kill(OTHER_KEEPALIVED)
+    h.run(1)
+    assert (held(ROUTER_NODE), held(OTHER_DOOR_NODE)) == (1.0, 1.0)
+    assert state(OTHER_DOOR_NODE, "absent") == 1.0 and state(OTHER_DOOR_NODE, "BACKUP") is None

@@ -249,6 +249,62 @@ def test_a_stack_without_the_door_output_is_read_as_before() -> None:
     assert topology.router.role == "router-a" and topology.door is None
 
 
+def two_door_nodes_outputs() -> dict:
+    """door_outputs() with the door on DOOR_NODE and 10.0.0.2 (components/cluster.py's
+    door_output): each node's door and keepalived, and the virtual IP."""
+    outputs = door_outputs()
+    other, state_file = "10.0.0.2", "/opt/kimipd/router-31000/vip/state"
+    outputs["containers"] |= {
+        role: {"node": node, "container": container, "healthUrl": "http://10.0.0.9:29100/health"}
+        for role, node, container in (
+            ("keepalived-10-0-0-2", other, "kimipd-keepalived"),
+            ("door-10-0-0-2", other, "kimipd-door"), ("keepalived", DOOR_NODE,
+                                                      "kimipd-keepalived"))}
+    # The other door node first, and a lower address: router.node is still the first one read.
+    outputs["door"]["nodes"] = {
+        other: {"role": "door-10-0-0-2", "container": "kimipd-door",
+                "keepalived": {"role": "keepalived-10-0-0-2", "container": "kimipd-keepalived",
+                               "stateFile": state_file}, "peer": DOOR_NODE},
+        DOOR_NODE: {"role": "door", "container": "kimipd-door",
+                    "keepalived": {"role": "keepalived", "container": "kimipd-keepalived",
+                                   "stateFile": state_file}, "peer": other}}
+    outputs["door"]["virtualIp"] = {"address": "10.0.0.9", "prefixLength": 32,
+                                    "interface": "bond1", "vrid": 51, "advertIntervalMs": 100,
+                                    "checkFile": "/opt/kimipd/router-31000/vip/door-down"}
+    return outputs
+
+
+def test_the_door_on_two_nodes_is_read_with_its_virtual_ip() -> None:
+    topology = Topology.from_outputs("s", two_door_nodes_outputs())
+    door = topology.door
+    assert door is not None and door.virtual_ip is not None
+    assert (door.virtual_ip.address, door.virtual_ip.prefix_length, door.virtual_ip.interface,
+            door.virtual_ip.vrid) == ("10.0.0.9", 32, "bond1", 51)
+    assert [(n.address, n.door_role, n.keepalived_role, n.keepalived_container, n.state_file)
+            for n in door.nodes] == [
+        (DOOR_NODE, "door", "keepalived", "kimipd-keepalived",
+         "/opt/kimipd/router-31000/vip/state"),
+        ("10.0.0.2", "door-10-0-0-2", "keepalived-10-0-0-2", "kimipd-keepalived",
+         "/opt/kimipd/router-31000/vip/state")]
+    # Both doors before the slots, keepalived after; --role door and --role keepalived take both.
+    assert [c.role for c in topology.containers][3:] == [
+        "door", "door-10-0-0-2", "router-a", "router-b", "keepalived", "keepalived-10-0-0-2"]
+    assert [ref.role for ref in topology.select(["keepalived"])] == [
+        "keepalived", "keepalived-10-0-0-2"]
+    assert [ref.role for ref in topology.select(["door"])] == ["door", "door-10-0-0-2"]
+    # One door node: neither.
+    single = Topology.from_outputs("s", door_outputs()).door
+    assert single is not None and (single.nodes, single.virtual_ip) == ((), None)
+
+
+def test_a_door_node_without_its_keepalived_state_file_says_so() -> None:
+    outputs = two_door_nodes_outputs()
+    del outputs["door"]["nodes"][DOOR_NODE]["keepalived"]["stateFile"]
+    with pytest.raises(StackError, match="the stack's `door` output cannot be read "
+                                         r"\(KeyError: 'stateFile'\)"):
+        Topology.from_outputs("s", outputs)
+
+
 def test_a_door_output_that_cannot_be_read_says_so() -> None:
     outputs = door_outputs()
     del outputs["door"]["adminSocket"]

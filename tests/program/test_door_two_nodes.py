@@ -216,15 +216,18 @@ def test_the_door_output_lists_both_door_nodes_and_the_virtual_ip(run: Run) -> N
     door = run.stack_outputs["door"]
     assert (door["url"], door["node"], door["container"]) == (
         f"http://{VIP}:31000", ROUTER_NODE, "kimipd-door")
+    # stateFile: what keepalived's notify script writes and `kimipd status` reads there.
+    state_file = "/opt/kimipd/router-31000/vip/state"
     assert door["nodes"] == {
         ROUTER_NODE: {"role": "door", "container": "kimipd-door",
                       "metricsUrl": f"http://{ROUTER_NODE}:29100/metrics",
-                      "keepalived": {"role": "keepalived", "container": "kimipd-keepalived"},
+                      "keepalived": {"role": "keepalived", "container": "kimipd-keepalived",
+                                     "stateFile": state_file},
                       "peer": OTHER},
         OTHER: {"role": OTHER_DOOR, "container": "kimipd-door",
                 "metricsUrl": f"http://{OTHER}:29100/metrics",
                 "keepalived": {"role": "keepalived-174-1-60-6",
-                               "container": "kimipd-keepalived"},
+                               "container": "kimipd-keepalived", "stateFile": state_file},
                 "peer": ROUTER_NODE}}
     assert door["virtualIp"] == {"address": VIP, "prefixLength": 32, "interface": "bond1",
                                  "vrid": 51, "advertIntervalMs": 100,

@@ -19,7 +19,8 @@ import pytest
 from components.config import (ConfigError, config_warnings, load_cluster_config,
                                undeployed_settings)
 from components.render.keepalived import (advert_interval, door_check_file, keepalived_config,
-                                          keepalived_config_file, keepalived_plan)
+                                          keepalived_config_file, keepalived_plan,
+                                          keepalived_state_file)
 
 VIP = "174.1.60.100"
 KEEPALIVED_IMAGE = "registry.example/kimipd/keepalived@sha256:" + "b" * 64
@@ -190,6 +191,27 @@ def test_the_doors_health_puts_the_instance_in_fault(pro6000: dict) -> None:
     assert door_check_file(cfg) == "/opt/kimipd/router-31000/vip/door-down"
     assert keepalived_config_file(cfg) == "/opt/kimipd/router-31000/vip/keepalived.conf"
     assert conf[conf.index("track_file {") + 1] == "door_down"
+
+
+def test_each_state_keepalived_enters_is_written_where_status_reads_it(pro6000: dict) -> None:
+    """keepalived has no query interface: its notify script (assets/virtual-ip.sh --notify, run
+    by bash, since the copied asset need not be executable) writes every new state to a file in
+    the directory the container mounts read-write; `kimipd status` reads it over SSH."""
+    cfg = load_cluster_config(pro6000)
+    assert keepalived_state_file(cfg) == "/opt/kimipd/router-31000/vip/state"
+    for address in cfg.door_nodes:
+        conf = lines(keepalived_config(cfg, address))
+        start = conf.index("vrrp_instance door {")
+        instance = conf[start:]
+        assert ('notify "/bin/bash /opt/kimipd/virtual-ip.sh --notify '
+                '/opt/kimipd/router-31000/vip/state"') in instance
+        # As root, which keepalived is in its container: the image has no keepalived_script;
+        # and script security on, without which `keepalived -t` refuses any script.
+        global_defs = conf[:start]
+        assert "script_user root" in global_defs and "enable_script_security" in global_defs
+        plan = keepalived_plan(cfg, address)
+        assert ("/opt/kimipd/router-31000/vip", "/opt/kimipd/router-31000/vip", False) in \
+            plan.mounts
 
 
 def test_interface_and_mask_as_configured(pro6000: dict) -> None:

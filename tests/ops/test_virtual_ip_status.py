@@ -1,0 +1,239 @@
+"""`kimipd status` with the door on two nodes: who holds the virtual IP (each node's
+`ip -o -4 addr show`, faked per node by tests/ops/loopback.py's LocalNodes) and each
+keepalived's state (the file its notify script writes, read with `cat` over the transport);
+two holders or none is down. The verdict's pure functions first, then the whole status over
+the fake stack of tests/ops/door_fakes.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from ops import DEGRADED, DOWN, OK
+from ops.probe import Prober
+from ops.stack import Topology, VirtualIp
+from ops.status import collect, render
+from ops.virtual_ip import (ABSENT, UNKNOWN, VipNode, holders_verdict, holds_address,
+                            keepalived_state, node_problems, virtual_ip_report)
+from tests.ops.door_fakes import (KEY, OTHER_DOOR, OTHER_DOOR_NODE, OTHER_KEEPALIVED,
+                                  ROUTER_NODE, VIRTUAL_IP, DoorStack)
+
+pytestmark = pytest.mark.timeout(120)
+
+REPO = Path(__file__).resolve().parents[2]
+VIP = "10.0.0.9"
+IP_SHOWS_IT = (
+    "2: bond1    inet 10.0.0.5/24 brd 10.0.0.255 scope global bond1\\       valid_lft forever "
+    "preferred_lft forever\n"
+    "2: bond1    inet 10.0.0.9/32 scope global bond1\\       valid_lft forever preferred_lft "
+    "forever\n")
+
+
+def node(address: str, keepalived: str = "BACKUP", holds: bool | None = False,
+         container: str = "running") -> VipNode:
+    return VipNode(address, "running", container if keepalived != ABSENT else "exited (137)",
+                   keepalived, holds, None if holds is not None else "ssh: connection refused")
+
+
+# -- pure functions ------------------------------------------------------------------------------
+
+
+def test_the_address_is_held_when_ip_lists_it_on_the_interface() -> None:
+    assert holds_address(IP_SHOWS_IT, VIP)
+    assert not holds_address(IP_SHOWS_IT, "10.0.0.90")  # a prefix of another is not it
+    assert not holds_address(IP_SHOWS_IT.splitlines()[0], VIP)
+    assert not holds_address("", VIP)
+
+
+def test_keepalived_s_word_counts_only_while_its_container_runs() -> None:
+    assert keepalived_state("running", "MASTER\n") == "MASTER"
+    assert keepalived_state("running", "FAULT") == "FAULT"
+    # A SIGKILLed keepalived leaves MASTER in the file: its container has exited.
+    assert keepalived_state("exited (137)", "MASTER\n") == ABSENT
+    assert keepalived_state("absent", None) == ABSENT
+    # Not written yet (no transition so far), or the node did not answer.
+    assert keepalived_state("running", None) == UNKNOWN
+    assert keepalived_state("running", "garbage") == UNKNOWN
+    assert keepalived_state("unknown", "MASTER") == UNKNOWN
+
+
+def test_one_holder_is_the_only_healthy_verdict() -> None:
+    assert holders_verdict(VIP, [node("a", "MASTER", True), node("b")]) == (None, [])
+
+
+def test_two_holders_are_split_brain_and_down() -> None:
+    down, problems = holders_verdict(VIP, [node("a", "MASTER", True),
+                                           node("b", "MASTER", True)])
+    assert down is not None and down.startswith(
+        f"split brain: a and b both hold the virtual IP {VIP}; clients reach whichever "
+        "answered ARP last")
+    assert problems == []
+
+
+def test_no_holder_is_down_once_both_nodes_answered() -> None:
+    down, _ = holders_verdict(VIP, [node("a", "FAULT"), node("b", "FAULT")])
+    assert down == (f"no door node holds the virtual IP {VIP}: no request gets in "
+                    "(both keepalived FAULT, FAULT)")
+
+
+def test_a_node_that_did_not_answer_may_hold_it_so_no_holder_seen_is_not_down() -> None:
+    down, problems = holders_verdict(VIP, [node("a", UNKNOWN, None), node("b")])
+    assert down is None
+    assert problems == [f"no door node that answered holds the virtual IP {VIP}; a did not "
+                        "say (ssh: connection refused)"]
+
+
+def test_what_is_wrong_on_one_door_node() -> None:
+    def problems(each: VipNode) -> list[str]:
+        return node_problems(VIP, "bond1", each)
+
+    assert problems(node("a", "MASTER", True)) == problems(node("b")) == []
+    assert problems(node("b", ABSENT)) == [
+        "keepalived on b is not running (exited (137)): the address cannot move there"]
+    assert problems(node("a", ABSENT, True)) == [
+        f"a holds {VIP} with no keepalived running (exited (137)): nothing gives it up if its "
+        "door dies"]
+    assert problems(node("b", "FAULT")) == [
+        "keepalived on b is FAULT (its door does not answer /health, or bond1 is down): it "
+        "cannot take the address"]
+    assert problems(node("a", "BACKUP", True)) == [f"a holds {VIP} but its keepalived says BACKUP"]
+    assert problems(node("a", "MASTER", False)) == [
+        f"keepalived on a says MASTER but {VIP} is not on bond1"]
+    # A node that did not answer says nothing of itself (the lost node line does).
+    assert problems(node("a", UNKNOWN, None)) == []
+
+
+def test_the_report_names_the_holders() -> None:
+    report = virtual_ip_report(VirtualIp(VIP, 32, "bond1", 51),
+                               [node("a", "MASTER", True), node("b", ABSENT)])
+    assert report.holders == ["a"] and report.down is None and not report.ok
+    assert json.loads(json.dumps(report.as_json()))["nodes"][1]["keepalived"] == ABSENT
+
+
+def test_the_notify_script_writes_the_new_state_whole(tmp_path: Path) -> None:
+    """virtual-ip.sh --notify STATE_FILE, to which keepalived appends its own four arguments."""
+    state = tmp_path / "state"
+    script = str(REPO / "assets" / "virtual-ip.sh")
+    for new in ("BACKUP", "MASTER"):
+        subprocess.run(["bash", script, "--notify", str(state), "INSTANCE", "door", new, "150"],
+                       check=True, timeout=30)
+        assert state.read_text() == new + "\n"
+    assert not (tmp_path / "state.new").exists()
+    refused = subprocess.run(["bash", script, "--notify", str(state)], capture_output=True,
+                             text=True, timeout=30, check=False)
+    assert refused.returncode == 2 and state.read_text() == "MASTER\n"
+
+
+# -- the whole status over the fake stack --------------------------------------------------------
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[DoorStack]:
+    started = DoorStack(tmp_path, two_nodes=True)
+    yield started
+    started.stop()
+
+
+# Nothing here waits out a timeout (no node is a black hole): a long one costs nothing, and
+# keeps a busy machine (other test sessions beside) from turning an answer into a timeout.
+PROBE_TIMEOUT = 10.0
+
+
+def status(stack: DoorStack):
+    nodes = stack.nodes()
+    topology = Topology.from_outputs("door", stack.outputs())
+    return collect(topology, nodes, Prober(nodes, PROBE_TIMEOUT), PROBE_TIMEOUT,
+                   generate_timeout=20, api_key=KEY, router_kind="rust"), nodes
+
+
+def text(report) -> str:
+    console = Console(width=200, record=True, file=open("/dev/null", "w"))
+    console.print(render(report))
+    return console.export_text()
+
+
+def test_both_doors_both_slots_and_who_holds_the_address(stack: DoorStack) -> None:
+    report, nodes = status(stack)
+    assert (report.exit_code, report.verdict) == (OK, "serving"), (
+        report.notes, report.virtual_ip, [row.problems for row in report.rows])
+    assert [row.ref.role for row in report.rows] == [
+        "mooncake-master", "prefill-r0", "decode-r0", "door", OTHER_DOOR, "router-a",
+        "router-b", "keepalived", OTHER_KEEPALIVED]
+    vip = report.virtual_ip
+    assert vip is not None and vip.holders == [ROUTER_NODE]
+    assert [(n.address, n.door, n.keepalived_container, n.keepalived, n.holds)
+            for n in vip.nodes] == [(ROUTER_NODE, "running", "running", "MASTER", True),
+                                    (OTHER_DOOR_NODE, "running", "running", "BACKUP", False)]
+    # Read on each door node over its own transport: the interface and the state file.
+    asked = {(n, c.split()[0]) for n, c in nodes.commands if c.startswith(("ip ", "cat "))}
+    assert asked == {(ROUTER_NODE, "ip"), (ROUTER_NODE, "cat"), (OTHER_DOOR_NODE, "ip"),
+                     (OTHER_DOOR_NODE, "cat")}
+    shown = text(report)
+    assert f"virtual IP {VIRTUAL_IP} on bond1: held by {ROUTER_NODE}" in shown
+    assert report.as_json()["virtualIp"]["holders"] == [ROUTER_NODE]
+
+
+def test_after_a_failover_the_other_node_holds_it(stack: DoorStack) -> None:
+    stack.hold(OTHER_DOOR_NODE)
+    stack.keepalived(ROUTER_NODE, "BACKUP")
+    stack.keepalived(OTHER_DOOR_NODE, "MASTER")
+    report, _ = status(stack)
+    assert report.exit_code == OK and report.virtual_ip.holders == [OTHER_DOOR_NODE]
+
+
+def test_split_brain_is_down_with_a_line_that_says_so(stack: DoorStack) -> None:
+    stack.hold(ROUTER_NODE, OTHER_DOOR_NODE)
+    stack.keepalived(OTHER_DOOR_NODE, "MASTER")
+    report, _ = status(stack)
+    assert (report.exit_code, report.verdict) == (DOWN, "down")
+    assert report.notes[0].startswith(f"split brain: {ROUTER_NODE} and {OTHER_DOOR_NODE} both "
+                                      f"hold the virtual IP {VIRTUAL_IP}")
+    shown = text(report)
+    assert f"held by {ROUTER_NODE} and {OTHER_DOOR_NODE} (split brain)" in shown
+    assert "virtual IP: split brain:" in shown
+
+
+def test_no_holder_is_down(stack: DoorStack) -> None:
+    stack.hold()
+    stack.keepalived(ROUTER_NODE, "FAULT")
+    stack.keepalived(OTHER_DOOR_NODE, "FAULT")
+    report, _ = status(stack)
+    assert (report.exit_code, report.verdict) == (DOWN, "down")
+    assert report.notes[0] == (f"no door node holds the virtual IP {VIRTUAL_IP}: no request "
+                               "gets in (both keepalived FAULT, FAULT)")
+    assert "held by no door node" in text(report)
+
+
+def test_a_dead_keepalived_on_the_other_node_is_degraded(stack: DoorStack) -> None:
+    """The address stays where it is, but cannot move: the operator is told which and why."""
+    stack.kill(OTHER_KEEPALIVED)
+    report, _ = status(stack)
+    assert (report.exit_code, report.verdict) == (DEGRADED, "degraded")
+    assert report.virtual_ip.holders == [ROUTER_NODE]
+    assert report.virtual_ip.nodes[1].keepalived == ABSENT
+    assert report.virtual_ip.problems == [
+        f"keepalived on {OTHER_DOOR_NODE} is not running (exited (137)): the address cannot "
+        "move there"]
+
+
+def test_router_node_s_door_dead_and_the_address_moved_is_degraded_not_down(
+        stack: DoorStack) -> None:
+    """Its keepalived went FAULT and the other door node took the address: requests get in
+    through the other door, so the stack serves, short of a spare."""
+    stack.kill("door")
+    stack.exporter.stop()
+    stack.hold(OTHER_DOOR_NODE)
+    stack.keepalived(ROUTER_NODE, "FAULT")
+    stack.keepalived(OTHER_DOOR_NODE, "MASTER")
+    report, _ = status(stack)
+    assert (report.exit_code, report.verdict) == (DEGRADED, "degraded"), report.notes
+    assert report.door.open and report.virtual_ip.holders == [OTHER_DOOR_NODE]
+    assert f"the door's container on {ROUTER_NODE} is exited (137)" in report.door.problems
+    assert report.virtual_ip.problems == [
+        f"keepalived on {ROUTER_NODE} is FAULT (its door does not answer /health, or bond1 is "
+        "down): it cannot take the address"]
