@@ -37,9 +37,12 @@ class SimCluster:
     def door_image(self) -> str:
         """The door's image (HAProxy from Debian's package), pinned: `sim/sim build-door-image`
         builds it once per its inputs and prints REPO@DIGEST."""
-        result = _sim("build-door-image", timeout=900)
-        assert result.returncode == 0, f"sim/sim build-door-image:\n{result.stderr[-3000:]}"
-        return result.stdout.strip().splitlines()[-1]
+        return _built_image("build-door-image")
+
+    @property
+    def keepalived_image(self) -> str:
+        """The virtual IP's image (keepalived from Debian's package), pinned, as the door's."""
+        return _built_image("build-keepalived-image")
 
     def ssh(self, node: str, command: str, timeout: int = 600,
             stdin: str | None = None) -> subprocess.CompletedProcess:
@@ -116,3 +119,11 @@ def stop_sim(cluster: SimCluster) -> None:
 def stop_sim_at_session_end() -> None:
     if _session["started"]:
         _sim("down")
+
+
+def _built_image(command: str) -> str:
+    """REPO@DIGEST of one of the sim's images of Debian packages (`sim/sim COMMAND` builds it
+    once per its inputs)."""
+    result = _sim(command, timeout=900)
+    assert result.returncode == 0, f"sim/sim {command}:\n{result.stderr[-3000:]}"
+    return result.stdout.strip().splitlines()[-1]
