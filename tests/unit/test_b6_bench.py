@@ -287,10 +287,12 @@ def test_a_scenario_records_the_load_the_door_and_the_groups_while_it_acts(
         httpd.shutdown()
         httpd.server_close()
     assert row["sent"] >= 10 and row["failed"] == {}, row
-    assert row["wall_seconds"] == pytest.approx(1.2, abs=0.2)
+    # Sleeps and threads only ever run late on a busy machine: the bounds below are one-sided
+    # where lateness is all the machine can add.
+    assert 1.2 <= row["wall_seconds"] < 2.0
     assert row["fewest"] == {"slots_up": 1, "prefill": 1, "decode": 1}
     assert [what for _, what in timeline.events] == ["up started", "up done"]
-    assert timeline.events[0][0] == pytest.approx(0.3, abs=0.15)
+    assert 0.3 <= timeline.events[0][0] < 1.0, "the act began before the load's lead"
     assert len(timeline.door) >= 3 and {up for _, up in timeline.door} == {1}
     assert {(p, d) for _, p, d in timeline.groups} == {(1, 1)}
     assert 1.5 <= timeline.seconds < 3 and len(timeline.requests) == row["sent"]
