@@ -61,7 +61,8 @@ def test_measures_the_configured_speeds(cluster: LoopbackCluster) -> None:
     assert {m.via for m in report.measurements} == {"direct"}
     long = report.measurements[2]
     # the router received exactly the shape: 5280 input ids, 256 tokens out, streamed
-    assert long.e2e == pytest.approx(5280 / PREFILL_RATE + 255 / DECODE_RATE, rel=0.1)
+    paced = 5280 / PREFILL_RATE + 255 / DECODE_RATE
+    assert 0.95 * paced <= long.e2e <= 1.1 * paced + HOP_ALLOWANCE_S, (long.e2e, paced)
 
 
 def test_over_ssh_measures_the_same(cluster: LoopbackCluster) -> None:
