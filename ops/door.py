@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .probe import HttpAnswer, Prober
+from .probe import HttpAnswer, Prober, settled
 from .remote import RemoteError, Transport
 from .stack import Door, Slot
 
@@ -58,9 +58,7 @@ def runtime_api(transport: Transport, node: str, socket_path: str, command: str,
     if result.status == NOT_INSTALLED:
         raise RuntimeApiError(f"python3 is not installed on {node}")
     if result.status != 0:
-        lines = result.err.strip().splitlines()
-        raise RuntimeApiError(f"{socket_path} on {node}: "
-                              + (lines[-1][:200] if lines else f"exit {result.status}"))
+        raise RuntimeApiError(f"{socket_path} on {node}: {result.failure}")
     return result.out
 
 
@@ -250,7 +248,7 @@ class DoorProbes:
     def report(self, containers: Mapping[str, str], tls_verification: str | None) -> DoorReport:
         """CONTAINERS: role -> docker state, from the status's rows."""
         door = self.door
-        answer = _result(self.answer, HttpAnswer(door.url + "/health", "-", error="timed out"))
+        answer = settled(self.answer, HttpAnswer(door.url + "/health", "-", error="timed out"))
         stat: dict[tuple[str, str], dict[str, str]] | None = None
         stat_error = None
         if self.stat is not None and self.stat.done():
@@ -280,7 +278,7 @@ class DoorProbes:
 
     def _slot(self, slot: Slot, container: str,
               stat: dict[tuple[str, str], dict[str, str]] | None, path: str) -> SlotReport:
-        readiness = _result(self.readiness.get(slot.name),
+        readiness = settled(self.readiness.get(slot.name),
                             HttpAnswer(slot.url + path, "-", error="timed out"))
         report = SlotReport(slot.name, slot.role, slot.url, slot.server, container, readiness)
         if stat is not None:
@@ -295,7 +293,7 @@ class DoorProbes:
                 report.check = (row.get("check_status") or "").removeprefix("* ") or None
                 report.since_change = _int(row.get("lastchg"))
         if slot.name in self.workers:
-            answer = _result(self.workers[slot.name],
+            answer = settled(self.workers[slot.name],
                              HttpAnswer(slot.url + "/workers", "-", error="timed out"))
             try:
                 if answer.status != 200:
@@ -338,7 +336,3 @@ class DoorProbes:
             problems.append(f"slot {', '.join(down)} does not serve; "
                             f"{', '.join(slot.name for slot in serving)} carries every request")
         return problems
-
-
-def _result(future: Future | None, fallback: Any) -> Any:
-    return future.result() if future is not None and future.done() else fallback

@@ -9,6 +9,7 @@ import shlex
 import ssl
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -116,6 +117,12 @@ def _error(error: Exception) -> str:
     if isinstance(error, httpx.TimeoutException):
         return "timed out"
     return text[:120]
+
+
+def settled(future: Future | None, fallback: Any) -> Any:
+    """A probe's answer once it has one; FALLBACK for a probe never submitted or still running
+    when the status stopped waiting (its pool is shut down without waiting for it)."""
+    return future.result() if future is not None and future.done() else fallback
 
 
 class Prober:

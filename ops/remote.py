@@ -49,6 +49,12 @@ class RemoteResult:
     def err(self) -> str:
         return self.stderr.decode("utf-8", "replace")
 
+    @property
+    def failure(self) -> str:
+        """Why a nonzero exit failed, in a line: stderr's last (200 characters), or `exit N`."""
+        lines = self.err.strip().splitlines()
+        return lines[-1][:200] if lines else f"exit {self.status}"
+
 
 class Transport(Protocol):
     """Runs a shell command line on a node. `on_stdout` gets each chunk as it arrives (verify

@@ -25,7 +25,7 @@ from rich.text import Text
 
 from . import DEGRADED, DOWN, OK
 from .door import DoorProbes, DoorReport, serving_at_door
-from .probe import HttpAnswer, Prober, Tls, tls_check
+from .probe import HttpAnswer, Prober, Tls, settled, tls_check
 from .remote import CommandTimeout, RemoteError, Transport
 from .stack import ContainerRef, Stack, Topology
 from .virtual_ip import VirtualIpProbes, VirtualIpReport
@@ -346,21 +346,18 @@ def collect(topology: Topology, transport: Transport, prober: Prober, timeout: f
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
 
-    def result(future: Future | None, fallback: Any) -> Any:
-        return future.result() if future is not None and future.done() else fallback
-
     rows = []
     for ref in topology.containers:
-        dockers = result(inspections[ref.node], {})
+        dockers = settled(inspections[ref.node], {})
         docker = dockers.get(ref.name) or Docker("unknown", error="docker inspect timed out")
-        answer = result(health[ref.role], HttpAnswer(ref.health_url, "-", error="timed out"))
+        answer = settled(health[ref.role], HttpAnswer(ref.health_url, "-", error="timed out"))
         row = Row(ref, docker, answer)
         row.problems = _problems(row, topology.restart_generation)
         rows.append(row)
-    path_answer = (result(path, HttpAnswer(topology.generate_url, "-", error="timed out"))
+    path_answer = (settled(path, HttpAnswer(topology.generate_url, "-", error="timed out"))
                    if path is not None and topology.generate_url else None)
 
-    firewall = {node: result(future, "unknown: timed out") for node, future in tables.items()}
+    firewall = {node: settled(future, "unknown: timed out") for node, future in tables.items()}
     missing = [node for node, state in firewall.items() if state == "missing"]
     door_report = None
     containers = {row.ref.role: container_state(row.docker) for row in rows}

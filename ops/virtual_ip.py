@@ -19,6 +19,7 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from .probe import settled
 from .remote import RemoteError, Transport
 from .stack import Door, DoorNode, VirtualIp
 
@@ -199,8 +200,7 @@ class VirtualIpProbes:
         except RemoteError as error:
             return None, str(error)
         if result.status != 0:
-            lines = result.err.strip().splitlines()
-            return None, lines[-1][:200] if lines else f"exit {result.status}"
+            return None, result.failure
         return result.out, None
 
     def report(self, containers: Mapping[str, str]) -> VirtualIpReport:
@@ -209,14 +209,10 @@ class VirtualIpProbes:
 
     def _node(self, node: DoorNode, containers: Mapping[str, str]) -> VipNode:
         timed_out = (None, "did not answer in time")
-        ip_out, ip_error = _result(self.addresses.get(node.address), timed_out)
-        state_out, _ = _result(self.states.get(node.address), timed_out)
+        ip_out, ip_error = settled(self.addresses.get(node.address), timed_out)
+        state_out, _ = settled(self.states.get(node.address), timed_out)
         container = containers.get(node.keepalived_role, UNKNOWN)
         return VipNode(node.address, containers.get(node.door_role, UNKNOWN), container,
                        keepalived_state(container, state_out),
                        holds_address(ip_out, self.vip.address) if ip_out is not None else None,
                        ip_error)
-
-
-def _result(future: Future | None, fallback: Any) -> Any:
-    return future.result() if future is not None and future.done() else fallback
