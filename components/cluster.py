@@ -126,8 +126,12 @@ class Cluster(pulumi.ComponentResource):
         # With the door: HAProxy on router.port first (on each door node), then its two slots,
         # each a router of its own; they roll one at a time through the slot lease
         # (Router._behind_doors).
-        self.doors = [Door(cfg, self.nodes, address, door_tls_key, opts=child)
-                      for address in cfg.door_nodes]
+        # One door node at a time: a new door image serves on the first before the second's
+        # bridge starts.
+        self.doors: list[Door] = []
+        for address in cfg.door_nodes:
+            self.doors.append(Door(cfg, self.nodes, address, door_tls_key,
+                                   after=self.doors[-1] if self.doors else None, opts=child))
         # On two door nodes: the address clients use, held by one of them (keepalived).
         door = cfg.router.door
         self.virtual_ips = ([VirtualIp(cfg, self.nodes, each, opts=child) for each in self.doors]

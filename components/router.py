@@ -15,6 +15,8 @@ from .node import Node
 from .render import (
     admit_command,
     door_haproxy_config,
+    door_bridge_command,
+    door_bridge_retire_command,
     door_plan,
     door_spec,
     door_url,
@@ -95,12 +97,15 @@ class Door(pulumi.ComponentResource):
     owning router.port in front of the two router slots.
 
     Its configuration is a file the door reloads (master-worker: the listener stays open), so a
-    change of it refuses no connection; only a new door image replaces the container. Every
+    change of it refuses no connection. A new door image replaces the container through the
+    bridge, which holds the listening sockets meanwhile (door_bridge_command), so that refuses
+    none either. AFTER: the door before this one (with two door nodes), whose new container
+    serves before this door's changes start: a bad image stops at the first node. Every
     resource of router.node's door keeps the names it had with one door node; the other door
     node's are named by its role (door-A-B-C-D)."""
 
     def __init__(self, cfg: ClusterConfig, nodes: Mapping[str, Node], address: str,
-                 tls_key: pulumi.Input[str] | None,
+                 tls_key: pulumi.Input[str] | None, after: Door | None = None,
                  opts: pulumi.ResourceOptions | None = None) -> None:
         plan = door_plan(cfg, address)
         role = plan.role
@@ -136,16 +141,34 @@ class Door(pulumi.ComponentResource):
             delete=remove_door_files_command(cfg),
             stdin=door_haproxy_config(cfg),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.image, *files]))
+        # Replaced with the container (the same inputs: the image and the plan), before it: a
+        # HAProxy of the new image takes the running door's listening sockets, serves while the
+        # old door finishes its streams and the new one starts, and gives them to the new one.
+        previous = [after.gate, after.retire] if after is not None else []
+        self.bridge = command.remote.Command(
+            f"{role}-bridge",
+            connection=node.connection,
+            create=self.image.image_id.apply(lambda image: door_bridge_command(cfg, image)),
+            triggers=[self.image.image_id, repr(plan)],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.config, *previous]))
         # Removed with SIGUSR1 (door_plan): its open streams get as long as a slot's.
         # router.node's door holds router.port where the single router did: it is that
         # container's replacement, so the router goes before the door binds the port (a stack
         # moving to the door; docs/decisions.md).
-        self.container = node_container(plan, node, depends_on=[self.config], parent=self,
+        self.container = node_container(plan, node, depends_on=[self.config, self.bridge],
+                                        parent=self,
                                         image=self.image.image_id,
                                         aliases=[_single_router_container_alias()]
                                         if address == cfg.router.node else (),
                                         stop_grace_seconds=cfg.router.drain_timeout_seconds + 5)
         self.gate = HealthGate(f"{role}-ready", cfg, nodes, [plan], [self.container], opts=child)
+        # The bridge's soft stop, once the new door has loaded (else the bridge goes on serving).
+        self.retire = command.remote.Command(
+            f"{role}-bridge-retire",
+            connection=node.connection,
+            create=door_bridge_retire_command(),
+            triggers=[self.container.id, self.bridge.id],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.gate]))
         self.url = door_url(cfg)
         self.register_outputs({"url": self.url})
 

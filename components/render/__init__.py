@@ -12,9 +12,10 @@ and `layout.py` where things live on a node.
 """
 
 from .container_plan import ContainerPlan, container_labels, container_mounts, env_list
-from .door import (DOOR, door_admin_socket, door_ca_file, door_haproxy_config, door_plan,
-                   door_spec, door_url, remove_door_files_command, slot_role, slot_server,
-                   slot_url, write_door_config_command, write_door_tls_command)
+from .door import (DOOR, door_admin_socket, door_bridge_command, door_bridge_retire_command,
+                   door_ca_file, door_haproxy_config, door_plan, door_spec, door_url,
+                   remove_door_files_command, slot_role, slot_server, slot_url,
+                   write_door_config_command, write_door_tls_command)
 from .firewall import (firewall_apply_command, firewall_remove_command, firewall_ruleset,
                        firewall_table)
 from .keepalived import (door_check_file, keepalived_config, keepalived_config_file,
@@ -42,6 +43,8 @@ from .sglang import (group_endpoint, remove_worker_key_command, sglang_command, 
 __all__ = [
     "DOOR",
     "door_admin_socket",
+    "door_bridge_command",
+    "door_bridge_retire_command",
     "door_ca_file",
     "door_haproxy_config",
     "door_plan",

@@ -124,7 +124,9 @@ def door_haproxy_config(cfg: ClusterConfig) -> str:
         "# Rendered by components/render/door.py; slot states change through the admin socket.",
         "global",
         "    master-worker",
-        f"    stats socket {door_admin_socket(cfg)} mode 600 level admin",
+        # expose-fd: a successor (the bridge, a new door: door_plan's -x) takes the listening
+        # sockets over from this process, so a new door image refuses no connection.
+        f"    stats socket {door_admin_socket(cfg)} mode 600 level admin expose-fd listeners",
         "    stats timeout 30s",
         "    log stdout format raw local0",
         # A reload forgets a slot's drain; the config command saves the states first.
@@ -222,10 +224,13 @@ def door_plan(cfg: ClusterConfig, address: str | None = None) -> ContainerPlan:
     node = address or cfg.router.node
     role = cfg.door_role(node)
     plan = container_plan(cfg, role, node,
-                          ["-W", "-db", "-f", door_config_file(cfg)], {},
+                          ["-W", "-db", "-f", door_config_file(cfg), "-x", door_admin_socket(cfg)],
+                          {},
                           door_health_url(cfg, node), gpu_workload=False)
-    # Only its own directory; no restart generation either: replacing the door refuses
-    # connections, so only a change of the door itself (its image) does (docs/door.md).
+    # Only its own directory; no restart generation either: only a change of the door itself
+    # (its image) replaces it, through the bridge (door_bridge_command; docs/door.md).
+    # -x: the listening sockets of whatever serves router.port on the node (the bridge, or a
+    # door that still runs); with nobody there HAProxy says so and binds them itself.
     # SIGUSR1: HAProxy's soft stop (refuse new connections, finish the open ones); docker's
     # SIGTERM would cut every stream at once.
     # Named kimipd-door on every door node: the config command reloads it by that name.
@@ -233,3 +238,74 @@ def door_plan(cfg: ClusterConfig, address: str | None = None) -> ContainerPlan:
                                mounts=[(door_dir(cfg), door_dir(cfg), False)],
                                entrypoint=[HAPROXY], ulimits={}, stop_signal="SIGUSR1",
                                user=DOOR_USER)
+
+
+DOOR_BRIDGE = "door-bridge"
+# How long the bridge may take to load and take the sockets over; an image that cannot is
+# refused here, before the serving door is touched.
+BRIDGE_START_SECONDS = 30
+
+
+def door_bridge_command(cfg: ClusterConfig, image: str) -> str:
+    """Before a new door image replaces the door's container: the bridge, a HAProxy of the new
+    image with the same files, takes the listening sockets over from the running door (-x), so
+    the old door's soft stop and the new door's start refuse no connection (docs/door.md).
+    Nothing when no door runs (the first `up`, a dead door): there is nothing to hand over.
+
+    The slots' states are saved first (the bridge and the new door load them: a drain
+    survives). The bridge removes itself once its soft stop ends (--rm); a bridge still
+    finishing its streams from an earlier change is waited for, at most a stream's time."""
+    bridge, door = container_name(DOOR_BRIDGE), container_name(DOOR)
+    directory = door_dir(cfg)
+    plan = door_plan(cfg)
+    run = ["docker", "run", "-d", "--rm", "--name", bridge, "--network", "host",
+           "--ipc", "host", "--user", DOOR_USER, "--stop-signal", "SIGUSR1",
+           "--label", f"kimipd.bridge={DOOR}", "-v", f"{directory}:{directory}",
+           "--entrypoint", HAPROXY, image, *plan.command]
+    save = shell(["sh", "-c", f"echo 'show servers state' | socat stdio "
+                  f"{door_admin_socket(cfg)} > {door_state_file(cfg)}"])
+    grace = cfg.router.drain_timeout_seconds + 5
+    return "\n".join([
+        "set -eu",
+        f"if [ \"$(docker inspect -f '{{{{.State.Running}}}}' {door} 2>/dev/null)\" != true ]; "
+        "then echo 'no door runs: nothing to hand over'; exit 0; fi",
+        f"if docker inspect {bridge} >/dev/null 2>&1; then",
+        f"  timeout {grace} docker wait {bridge} >/dev/null 2>&1 || true",
+        f"  docker rm -f {bridge} >/dev/null 2>&1 || true",
+        "fi",
+        f"docker exec {door} {save}",
+        f"{shell(run)} >/dev/null",
+        f"for _ in $(seq {BRIDGE_START_SECONDS * 2}); do",
+        # Loaded without the running door's sockets, it would have bound its own beside them,
+        # and the old door's soft stop would reset what waits in its accept queue.
+        f"  if docker logs {bridge} 2>&1 | grep -q 'Failed to get the sockets'; then break; fi",
+        f"  if docker logs {bridge} 2>&1 | grep -q 'Loading success'; then",
+        "    echo 'the bridge holds the listening sockets'; exit 0",
+        "  fi",
+        f"  if [ \"$(docker inspect -f '{{{{.State.Running}}}}' {bridge} 2>/dev/null)\" != true ]; "
+        "then break; fi",
+        "  sleep 0.5",
+        "done",
+        f"docker logs --tail 20 {bridge} >&2 2>&1 || true",
+        f"docker rm -f {bridge} >/dev/null 2>&1 || true",
+        f"echo 'the door bridge ({image}) did not take the listening sockets over from {door} "
+        f"within {BRIDGE_START_SECONDS} s (its log above); the serving door is left as it was' "
+        ">&2",
+        "exit 1",
+    ])
+
+
+def door_bridge_retire_command() -> str:
+    """Once the new door has loaded (it took the sockets from the bridge): the bridge's soft
+    stop; it finishes its open streams and removes itself (--rm). A new door that has not
+    loaded leaves the bridge serving, and fails here."""
+    bridge, door = container_name(DOOR_BRIDGE), container_name(DOOR)
+    running = "[ \"$(docker inspect -f '{{{{.State.Running}}}}' {} 2>/dev/null)\" = true ]"
+    return "\n".join([
+        f"if ! {running.format(bridge)}; then echo 'no bridge'; exit 0; fi",
+        f"if {running.format(door)} && docker logs {door} 2>&1 | grep -q 'Loading success'; then",
+        f"  docker kill --signal USR1 {bridge} >/dev/null && echo 'the bridge stops softly'",
+        "else",
+        f"  echo 'the new door has not loaded: {bridge} goes on serving' >&2; exit 1",
+        "fi",
+    ])

@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from components.config import ConfigError, load_cluster_config
-from components.render import (door_haproxy_config, door_plan, drain_command, firewall_ruleset,
+from components.render import (door_bridge_command, door_bridge_retire_command,
+                               door_haproxy_config, door_plan, drain_command, firewall_ruleset,
                                router_command, router_plan, router_url, slot_admit_command,
                                slot_drain_command, smoke_test_command)
 from tests.conftest import REPO, stack_values
@@ -173,3 +174,91 @@ def test_haproxy_accepts_the_rendered_configuration(pro6000: dict, tmp_path) -> 
                                 capture_output=True, text=True)
         assert result.returncode == 0, result.stdout + result.stderr
         assert "WARNING" not in result.stdout + result.stderr, result.stdout + result.stderr
+
+
+# A stand-in for docker on the node: answers `inspect` from DOCKER_RUNNING (the containers that
+# run), `logs` from DOCKER_LOGS, and records every call in DOCKER_CALLS.
+FAKE_DOCKER = """#!/bin/sh
+echo "$*" >> "$DOCKER_CALLS"
+case "$1" in
+  inspect) name=$(eval echo "\\${$#}")
+           case " $DOCKER_RUNNING " in *" $name "*) echo true ;; *) exit 1 ;; esac ;;
+  logs) printf '%s\\n' "$DOCKER_LOGS" ;;
+esac
+exit 0
+"""
+
+
+def run_on_fake_node(script: str, tmp_path, running: str, logs: str):
+    docker = tmp_path / "bin" / "docker"
+    docker.parent.mkdir(exist_ok=True)
+    docker.write_text(FAKE_DOCKER)
+    docker.chmod(0o755)
+    calls = tmp_path / "calls"
+    calls.write_text("")
+    env = {"PATH": f"{docker.parent}:/usr/bin:/bin", "DOCKER_CALLS": str(calls),
+           "DOCKER_RUNNING": running, "DOCKER_LOGS": logs}
+    result = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True,
+                            timeout=60)
+    return result, calls.read_text().splitlines()
+
+
+def test_a_new_door_takes_the_listening_sockets_from_the_one_before(pro6000: dict) -> None:
+    cfg = load_cluster_config(pro6000)
+    assert door_plan(cfg).command[-2:] == ["-x", "/opt/kimipd/router-31000/door/admin.sock"]
+    assert ("stats socket /opt/kimipd/router-31000/door/admin.sock mode 600 level admin "
+            "expose-fd listeners") in door_haproxy_config(cfg)
+
+
+def test_the_bridge_runs_the_new_image_only_while_a_door_serves(pro6000: dict, tmp_path) -> None:
+    cfg = load_cluster_config(pro6000)
+    new = "registry.example/kimipd/door@sha256:" + "b" * 64
+    script = door_bridge_command(cfg, new)
+    # No door: nothing to hand over, nothing started.
+    result, calls = run_on_fake_node(script, tmp_path, running="", logs="")
+    assert result.returncode == 0 and "nothing to hand over" in result.stdout, result
+    assert not any(call.startswith("run ") for call in calls), calls
+    # A door: its slots' states saved, then the new image with the door's own arguments.
+    result, calls = run_on_fake_node(script, tmp_path, running="kimipd-door",
+                                     logs="[NOTICE] Loading success.")
+    assert result.returncode == 0, result
+    (run,) = [call for call in calls if call.startswith("run ")]
+    assert run.endswith(f"--entrypoint haproxy {new} " + " ".join(door_plan(cfg).command))
+    assert "--name kimipd-door-bridge" in run and "--rm" in run
+    assert calls.index(next(c for c in calls if c.startswith("exec kimipd-door "))) \
+        < calls.index(run)
+
+
+def test_a_bridge_without_the_sockets_is_removed_and_the_door_left_serving(
+        pro6000: dict, tmp_path) -> None:
+    cfg = load_cluster_config(pro6000)
+    script = door_bridge_command(cfg, DOOR_IMAGE)
+    result, calls = run_on_fake_node(
+        script, tmp_path, running="kimipd-door kimipd-door-bridge",
+        logs="[ALERT] Failed to get the sockets from the old process!")
+    assert result.returncode == 1
+    assert "did not take the listening sockets over from kimipd-door" in result.stderr
+    assert "rm -f kimipd-door-bridge" in calls
+    assert not any("kimipd-door " in call and call.startswith(("rm", "kill", "stop"))
+                   for call in calls), calls
+
+
+def test_the_bridge_stops_only_once_the_new_door_has_loaded(tmp_path) -> None:
+    script = door_bridge_retire_command()
+    result, calls = run_on_fake_node(script, tmp_path, running="kimipd-door kimipd-door-bridge",
+                                     logs="[NOTICE] Loading success.")
+    assert result.returncode == 0 and "kill --signal USR1 kimipd-door-bridge" in calls
+    result, calls = run_on_fake_node(script, tmp_path, running="kimipd-door-bridge", logs="")
+    assert result.returncode == 1 and "goes on serving" in result.stderr
+    assert not any(call.startswith("kill") for call in calls), calls
+
+
+def test_the_bridge_scripts_are_shellcheck_clean(pro6000: dict, tmp_path) -> None:
+    assert shutil.which("shellcheck"), "shellcheck is missing: .ci/run installs it"
+    cfg = load_cluster_config(pro6000)
+    for name, script in {"bridge": door_bridge_command(cfg, DOOR_IMAGE),
+                         "retire": door_bridge_retire_command()}.items():
+        path = tmp_path / f"{name}.sh"
+        path.write_text("#!/bin/sh\n" + script + "\n")
+        result = subprocess.run(["shellcheck", str(path)], capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout
