@@ -28,13 +28,10 @@ from tests.integration.engine import (  # noqa: F401 - fixtures
     NODES, ROUTER_API_KEY, Events, container_ids, env, kimipd, new_stack, project, sim,
     sim_values, with_minilb)
 from tests.integration.sim import SimCluster
+from tests.integration.stranger import STRANGER, STRANGER_NS, stranger_namespace
 
 pytestmark = pytest.mark.timeout(1800)
 
-STRANGER_NS = "kimipd-stranger"
-STRANGER = "10.231.60.200"
-BRIDGE = "kpdbr0"
-VETH = "kpdstranger"
 ROUTER_NODE, ROUTER_PORT = "10.231.60.5", 31000
 TABLE = "kimipd_31000"
 
@@ -117,23 +114,8 @@ def listening_ports(address: str) -> list[int]:
 
 @pytest.fixture(scope="module")
 def stranger(sim: SimCluster) -> Iterator[str]:
-    """A host on the sim's bridge that is no node: its own namespace, removed at the end."""
-    def ip(*args: str) -> None:
-        subprocess.run(["ip", *args], check=True, capture_output=True)
-
-    subprocess.run(["ip", "netns", "del", STRANGER_NS], capture_output=True)
-    subprocess.run(["ip", "link", "del", VETH], capture_output=True)
-    ip("netns", "add", STRANGER_NS)
-    try:
-        ip("link", "add", VETH, "type", "veth", "peer", "name", "eth0", "netns", STRANGER_NS)
-        ip("link", "set", VETH, "master", BRIDGE, "up")
-        ip("-n", STRANGER_NS, "addr", "add", f"{STRANGER}/24", "dev", "eth0")
-        ip("-n", STRANGER_NS, "link", "set", "eth0", "up")
-        ip("-n", STRANGER_NS, "link", "set", "lo", "up")
-        yield STRANGER
-    finally:
-        subprocess.run(["ip", "link", "del", VETH], capture_output=True)
-        subprocess.run(["ip", "netns", "del", STRANGER_NS], capture_output=True)
+    with stranger_namespace() as address:
+        yield address
 
 
 def probe(targets: list[tuple[str, int]]) -> list[list]:
