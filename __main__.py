@@ -9,7 +9,7 @@ from components import cycle_check
 from components.assets import verify_node_file_sources
 from components.cluster import Cluster
 from components.config import (ConfigError, config_warnings, load_cluster_config,
-                               out_node_notes, undeployed_settings)
+                               out_node_notes, placeholder_refusals)
 from components.host_keys import resolve_host_keys
 from components.stack_config import (
     check_stack_secrets,
@@ -44,7 +44,7 @@ try:
     host_keys = resolve_host_keys(config)
     api_key = router_api_key(config)
     tls_key = door_tls_key(config)
-    refused = undeployed_settings(config)
+    refused = placeholder_refusals(config, pulumi.get_stack())
     if refused:
         raise ConfigError("\n".join(refused))
 except ConfigError as error:

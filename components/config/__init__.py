@@ -11,7 +11,8 @@ never `pulumi.Config`. Where to look:
   `door.py` (the door on two nodes and its virtual IP), `gates.py`;
 - `grammars.py`: values docker and ssh accept (image references, host keys, ulimits);
 - `messages.py`: pydantic's errors turned into key, value and fix; `load.py`: stack files;
-- `warnings.py`: what preview warns about.
+- `warnings.py`: what preview warns about; `placeholders.py`: what a shipped stack file leaves
+  for the operator, refused by the program until it is filled in.
 """
 
 from .base import ConfigError
@@ -21,7 +22,8 @@ from .load import (CONFIG_NAMESPACE, SECRET_KEYS, load_cluster_config, read_stac
 from .messages import shown_value
 from .rules.runbook import MOONCAKE_WHEEL_PREFIX, parse_mooncake_version
 from .schema import ConnectionSpec, GroupSpec, NodeFileSpec, NodeSpec, VerificationSpec
-from .warnings import config_warnings, out_node_notes, undeployed_settings
+from .placeholders import placeholder_refusals
+from .warnings import config_warnings, out_node_notes
 
 __all__ = [
     "CONFIG_NAMESPACE",
@@ -35,8 +37,8 @@ __all__ = [
     "NodeSpec",
     "VerificationSpec",
     "config_warnings",
-    "undeployed_settings",
     "out_node_notes",
+    "placeholder_refusals",
     "load_cluster_config",
     "parse_mooncake_version",
     "read_stack_file",

@@ -114,15 +114,3 @@ def out_node_notes(cfg: ClusterConfig) -> list[str]:
             "back to false to prepare it again from scratch.")
     return notes
 
-
-def undeployed_settings(cfg: ClusterConfig) -> list[str]:
-    """Settings the configuration checks but this version does not deploy yet: the program
-    refuses them, so that nobody believes a stack has what it does not run."""
-    door = cfg.router.door
-    if door is None or door.nodes is None:
-        return []
-    return [f"router.door.nodes: {door.nodes!r} is checked but not deployed yet: no keepalived, "
-            "no second door and no virtual IP would run (only each node's firewall would "
-            f"change), and clients would still reach the door on {cfg.router.node} alone; "
-            "remove router.door.nodes and router.door.virtualIp until the door on two nodes "
-            "lands (docs/vrrp-trial.md)."]

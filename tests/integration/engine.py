@@ -64,13 +64,17 @@ AUTHORIZED = {"Authorization": f"Bearer {ROUTER_API_KEY}"}
 
 
 def sim_values(sim: SimCluster, stack: str = "sim", door: bool = False, **changes) -> dict:
-    """STACK's values on this sim, its images pinned to this sim's builds: the node image and
-    the door's, where the stack has a door or DOOR adds one (test_door.py)."""
+    """STACK's values on this sim, its images pinned to this sim's builds: the node image, the
+    door's, where the stack has a door or DOOR adds one (test_door.py), and keepalived's, where
+    the door stands on two nodes (sim-2p2d)."""
     values = copy.deepcopy(stack_values(stack))
     values["image"] = sim.image
     if door or values["router"].get("door") is not None:
         values["router"]["door"] = (values["router"].get("door") or {}) | {
             "image": sim.door_image}
+        if values["router"]["door"].get("virtualIp") is not None:
+            values["router"]["door"]["virtualIp"] = values["router"]["door"]["virtualIp"] | {
+                "image": sim.keepalived_image}
     values.update(changes)
     return values
 

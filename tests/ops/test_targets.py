@@ -20,9 +20,9 @@ def test_targets_writes_the_stacks_file_sd_document(tmp_path: Path, capsys) -> N
     assert main(["targets", "--outputs-json", str(outputs), "--out", str(out)]) == OK
     assert json.loads(out.read_text()) == targets
     assert not (tmp_path / "kimipd.json.partial").exists()
-    # The Mooncake master, every rank of the four groups, the door's exporter and each slot
-    # router's metrics port.
-    assert f"{out}: 12 targets" in capsys.readouterr().out
+    # The Mooncake master, every rank of the four groups, each door node's exporter and each
+    # slot router's metrics port.
+    assert f"{out}: 13 targets" in capsys.readouterr().out
     groups = {entry["labels"].get("group") for entry in targets}
     assert groups == {None, "prefill-a", "prefill-b", "decode-a", "decode-b"}
 

@@ -15,11 +15,14 @@ from google.protobuf import json_format
 from pulumi.runtime import mocks, rpc
 from pulumi.runtime.config import set_all_config
 
+from components.config.placeholders import is_placeholder
 from tests.conftest import REPO
 
 SIG_KEY, SECRET_SIG = rpc._special_sig_key, rpc._special_secret_sig  # pylint: disable=protected-access
 PRIVATE_KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nTEST-KEY-NOT-REAL\n-----END OPENSSH PRIVATE KEY-----"
 ROUTER_API_KEY = "test-router-api-key-not-real"
+# What scripts/build-keepalived-image would print, in place of pro6000's placeholder.
+KEEPALIVED_IMAGE = "registry.example/kimipd/keepalived@sha256:" + "b" * 64
 
 
 @dataclass
@@ -130,7 +133,11 @@ def host_key_of(address: str) -> str:
 
 
 def with_local_files(values: dict, directory: Path) -> dict:
-    """Point nodeFiles' sources and the known_hosts file at files made for the test."""
+    """Point nodeFiles' sources and the known_hosts file at files made for the test, and a
+    placeholder keepalived image (pro6000's) at a built one's reference, as an operator does."""
+    virtual_ip = ((values.get("router") or {}).get("door") or {}).get("virtualIp")
+    if virtual_ip is not None and is_placeholder(virtual_ip.get("image", "")):
+        virtual_ip["image"] = KEEPALIVED_IMAGE
     for node_file in values.get("nodeFiles", []):
         source = directory / Path(node_file["destination"]).name
         source.write_bytes(b"content of " + source.name.encode())

@@ -1,8 +1,8 @@
-"""The door on two nodes under Pulumi's mocks (pro6000 with router.door.nodes [.5, .6]): a door
-on each door node, slot b on the other one, each slot drained and admitted at both doors.
-
-The program still refuses router.door.nodes (undeployed_settings) until the whole of it is
-deployed; these tests lift the refusal to see what it would register."""
+"""The door on two nodes under Pulumi's mocks, as pro6000 ships it (router.door.nodes [.5, .7]):
+a door on each door node, slot b on the other one, each slot drained and admitted at both doors,
+keepalived beside each door and clients on the virtual IP. pro6000's keepalived image is a
+placeholder the program refuses; the tests set a built one's reference in its place
+(harness.with_local_files), as an operator does."""
 
 from __future__ import annotations
 
@@ -11,41 +11,38 @@ import json
 
 import pytest
 
-import components.config
+from components.config.placeholders import KEEPALIVED_IMAGE_PLACEHOLDER
 from tests.conftest import stack_values
 from tests.program.harness import (
-    ROUTER_API_KEY, SECRET_SIG, SIG_KEY, Registration, Run, run_program, run_refused,
-    with_local_files)
+    KEEPALIVED_IMAGE, ROUTER_API_KEY, SECRET_SIG, SIG_KEY, Registration, Run, run_program,
+    run_refused, with_local_files)
 
 pytestmark = pytest.mark.timeout(180)  # the SDK's threads can hang under mocks (pulumi#7663)
 
-ROUTER_NODE, OTHER = "174.1.60.5", "174.1.60.6"
+ROUTER_NODE, OTHER = "174.1.60.5", "174.1.60.7"
 VIP = "174.1.60.100"
-KEEPALIVED_IMAGE = "registry.example/kimipd/keepalived@sha256:" + "b" * 64
-OTHER_DOOR = "door-174-1-60-6"
+OTHER_DOOR = "door-174-1-60-7"
+OTHER_KEEPALIVED = "keepalived-174-1-60-7"
 
 
 @pytest.fixture(scope="module")
 def values(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    values = with_local_files(stack_values("pro6000"), tmp_path_factory.mktemp("two-door-nodes"))
-    values["router"]["door"] |= {"nodes": [ROUTER_NODE, OTHER],
-                                 "virtualIp": {"image": KEEPALIVED_IMAGE, "address": VIP}}
-    return values
+    """pro6000 as it ships, with its node files, known hosts and keepalived image at hand."""
+    return with_local_files(stack_values("pro6000"), tmp_path_factory.mktemp("two-door-nodes"))
 
 
 @pytest.fixture(scope="module")
 def run(values: dict) -> Run:
-    """What the program would register once router.door.nodes is no longer refused."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(components.config, "undeployed_settings", lambda _cfg: [])
-        return run_program(copy.deepcopy(values))
+    return run_program(copy.deepcopy(values))
 
 
 @pytest.fixture(scope="module")
-def one_door_node(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    """pro6000 as it ships: the door on router.node alone."""
-    return run_program(with_local_files(stack_values("pro6000"),
-                                        tmp_path_factory.mktemp("one-door-node")))
+def one_door_node(values: dict) -> Run:
+    """pro6000 with the door on router.node alone."""
+    values = copy.deepcopy(values)
+    values["router"]["door"] = {key: value for key, value in values["router"]["door"].items()
+                                if key not in ("nodes", "virtualIp")}
+    return run_program(values)
 
 
 def host(resource: Registration) -> str:
@@ -56,11 +53,41 @@ def provider_node(resource: Registration) -> str:
     return resource.provider.split("::")[-2].removesuffix("-docker").removeprefix("node-")
 
 
-def test_a_real_stack_is_still_refused(values: dict) -> None:
-    message, registered = run_refused(copy.deepcopy(values))
-    assert "router.door.nodes: ['174.1.60.5', '174.1.60.6'] is checked but not deployed yet" \
-        in message
+def test_the_two_door_stack_deploys(values: dict, run: Run) -> None:
+    assert values["router"]["door"]["nodes"] == [ROUTER_NODE, OTHER]
+    assert values["router"]["door"]["virtualIp"] == {"address": VIP, "image": KEEPALIVED_IMAGE}
+    assert run.stack_outputs["routerUrl"] == f"http://{VIP}:31000"
+    assert not [w for w in run.warnings if "router.door" in w]
+
+
+def test_pro6000_s_placeholder_keepalived_image_is_refused_before_any_resource(
+        values: dict) -> None:
+    values = copy.deepcopy(values)
+    values["router"]["door"]["virtualIp"]["image"] = KEEPALIVED_IMAGE_PLACEHOLDER
+    message, registered = run_refused(values)
+    assert (f"router.door.virtualIp.image: {KEEPALIVED_IMAGE_PLACEHOLDER!r} is a placeholder"
+            in message)
+    assert "scripts/build-keepalived-image REGISTRY/kimipd/keepalived" in message
+    assert "pulumi config set --path router.door.virtualIp.image REF -s test" in message
     assert registered.resources == []
+
+
+def test_sim_2p2d_deploys_the_door_on_router_node_and_decode_b_s_rank_0(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    values = stack_values("sim-2p2d")
+    for node_file in values["nodeFiles"]:
+        node_file.pop("sha256")  # with_local_files writes stand-in files
+    sim = run_program(with_local_files(values, tmp_path_factory.mktemp("sim-2p2d")))
+    containers = sim.containers()
+    assert {role: provider_node(containers[role]) for role in (
+        "door", "door-10-231-60-7", "router-a", "router-b", "keepalived",
+        "keepalived-10-231-60-7")} == {
+        "door": "10-231-60-5", "door-10-231-60-7": "10-231-60-7", "router-a": "10-231-60-5",
+        "router-b": "10-231-60-7", "keepalived": "10-231-60-5",
+        "keepalived-10-231-60-7": "10-231-60-7"}
+    assert sim.named("keepalived-image").inputs["name"] == (
+        "10.231.60.254:5000/kimipd/sim-keepalived:latest")
+    assert sim.stack_outputs["routerUrl"] == "http://10.231.60.100:31000"
 
 
 def test_one_door_node_keeps_every_name(one_door_node: Run) -> None:
@@ -74,7 +101,7 @@ def test_one_door_node_keeps_every_name(one_door_node: Run) -> None:
 def test_a_door_on_each_door_node(run: Run) -> None:
     containers = run.containers()
     here, there = containers["door"], containers[OTHER_DOOR]
-    assert provider_node(here) == "174-1-60-5" and provider_node(there) == "174-1-60-6"
+    assert provider_node(here) == "174-1-60-5" and provider_node(there) == "174-1-60-7"
     assert here.inputs["name"] == there.inputs["name"] == "kimipd-door"
     assert here.inputs["command"] == there.inputs["command"]
     configs = run.named("door-config"), run.named(f"{OTHER_DOOR}-config")
@@ -86,19 +113,19 @@ def test_a_door_on_each_door_node(run: Run) -> None:
         f"{OTHER_DOOR}-image"))
     gate = run.named(f"{OTHER_DOOR}-health")
     assert host(gate) == OTHER and f"http://{OTHER}:29100/health" in gate.inputs["create"]
-    assert run.waits_for(there, run.named("node-174-1-60-6-nftables"))
+    assert run.waits_for(there, run.named("node-174-1-60-7-nftables"))
 
 
 def test_slot_b_runs_on_the_other_door_node_with_its_own_key_file(run: Run) -> None:
     containers = run.containers()
     assert provider_node(containers["router-a"]) == "174-1-60-5"
-    assert provider_node(containers["router-b"]) == "174-1-60-6"
-    key_file = run.named("router-api-key-174-1-60-6")
+    assert provider_node(containers["router-b"]) == "174-1-60-7"
+    key_file = run.named("router-api-key-174-1-60-7")
     assert host(key_file) == OTHER
     assert key_file.raw_inputs["stdin"].get(SIG_KEY) == SECRET_SIG
     labels = {label["label"]: label["value"] for label in containers["router-b"]
               .inputs["labels"]}
-    assert labels["kimipd.api-key-file"] == "router-api-key-174-1-60-6-id"
+    assert labels["kimipd.api-key-file"] == "router-api-key-174-1-60-7-id"
     assert run.waits_for(containers["router-b"], key_file)
     gate = run.named("router-b-health")
     assert host(gate) == OTHER and f"http://{OTHER}:31002/health" in gate.inputs["create"]
@@ -151,7 +178,7 @@ def test_no_secret_in_plain_inputs(run: Run) -> None:
 
 
 @pytest.mark.parametrize("node, role", [(ROUTER_NODE, "keepalived"),
-                                        (OTHER, "keepalived-174-1-60-6")])
+                                        (OTHER, OTHER_KEEPALIVED)])
 def test_keepalived_beside_each_door_with_its_check_loop(run: Run, node: str, role: str) -> None:
     container = run.containers()[role]
     assert provider_node(container) == node.replace(".", "-")
@@ -195,7 +222,7 @@ def test_keepalived_beside_each_door_with_its_check_loop(run: Run, node: str, ro
 
 def test_the_smoke_test_waits_for_the_virtual_ip(run: Run) -> None:
     smoke = run.named("smoke-test-generate")
-    for role in ("keepalived", "keepalived-174-1-60-6"):
+    for role in ("keepalived", OTHER_KEEPALIVED):
         assert run.waits_for(smoke, run.named(f"{role}-health")), role
 
 
@@ -226,7 +253,7 @@ def test_the_door_output_lists_both_door_nodes_and_the_virtual_ip(run: Run) -> N
                       "peer": OTHER},
         OTHER: {"role": OTHER_DOOR, "container": "kimipd-door",
                 "metricsUrl": f"http://{OTHER}:29100/metrics",
-                "keepalived": {"role": "keepalived-174-1-60-6",
+                "keepalived": {"role": OTHER_KEEPALIVED,
                                "container": "kimipd-keepalived", "stateFile": state_file},
                 "peer": ROUTER_NODE}}
     assert door["virtualIp"] == {"address": VIP, "prefixLength": 32, "interface": "bond1",
@@ -236,11 +263,11 @@ def test_the_door_output_lists_both_door_nodes_and_the_virtual_ip(run: Run) -> N
         "a": (ROUTER_NODE, f"http://{ROUTER_NODE}:31001"), "b": (OTHER, f"http://{OTHER}:31002")}
     containers = run.stack_outputs["containers"]
     assert {role: containers[role]["node"] for role in (
-        "door", OTHER_DOOR, "router-a", "router-b", "keepalived", "keepalived-174-1-60-6")} == {
+        "door", OTHER_DOOR, "router-a", "router-b", "keepalived", OTHER_KEEPALIVED)} == {
         "door": ROUTER_NODE, OTHER_DOOR: OTHER, "router-a": ROUTER_NODE, "router-b": OTHER,
-        "keepalived": ROUTER_NODE, "keepalived-174-1-60-6": OTHER}
+        "keepalived": ROUTER_NODE, OTHER_KEEPALIVED: OTHER}
     assert run.stack_outputs["nodes"][OTHER]["roles"][-3:] == [
-        OTHER_DOOR, "router-b", "keepalived-174-1-60-6"]
+        OTHER_DOOR, "router-b", OTHER_KEEPALIVED]
 
 
 def test_one_door_node_keeps_its_outputs(one_door_node: Run) -> None:

@@ -78,6 +78,7 @@ def test_ranks_above_zero_bind_the_http_port_too(pro6000) -> None:
     """Every rank binds --port (SGLang's dummy health server): the router on a decode rank >= 1
     node collides with it."""
     pro6000["router"]["node"] = "174.1.60.6"
+    pro6000["router"]["door"]["nodes"] = ["174.1.60.6", "174.1.60.7"]
     pro6000["router"]["port"] = 30000
     assert "router.port: 30000 on 174.1.60.6 is already used by groups.decode.httpPort" in (
         refusal(pro6000))

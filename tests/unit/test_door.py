@@ -72,15 +72,16 @@ def test_the_door_survives_restart_generation_and_stops_softly(pro6000: dict) ->
 
 
 def test_pro6000_as_shipped_serves_through_the_door() -> None:
-    """The shipped stack file, untouched: HAProxy owns router.port, two slots serve behind it,
-    from the official image pinned by digest."""
+    """The shipped stack file, untouched: HAProxy owns router.port on both door nodes, two slots
+    serve behind it (b on the other door node), from the official image pinned by digest."""
     cfg = load_cluster_config(stack_values("pro6000"))
     door = cfg.router.door
     assert door is not None and door.image.startswith("haproxy@sha256:")
+    assert cfg.door_nodes == ["174.1.60.5", "174.1.60.7"]
     config = door_haproxy_config(cfg).splitlines()
     assert "    bind 0.0.0.0:31000" in config
     assert [line.split()[1:3] for line in config if line.startswith("    server ")] == [
-        ["slot-a", "127.0.0.1:31001"], ["slot-b", "127.0.0.1:31002"]]
+        ["slot-a", "174.1.60.5:31001"], ["slot-b", "174.1.60.7:31002"]]
 
 
 def test_minilb_slots_are_checked_on_health(pro6000: dict) -> None:

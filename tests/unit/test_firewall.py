@@ -57,10 +57,26 @@ def test_monitoring_hosts_reach_the_metrics_ports_of_each_node(pro6000: dict) ->
     assert "ip saddr { 10.9.0.1 } accept" in master
     assert "tcp dport { 9100 } accept" in master
     router_node = rules(config, "174.1.60.5")
-    # the door's exporter and both slots' metrics ports (pro6000 ships the door)
-    assert "ip saddr { 10.9.0.7 } tcp dport { 29001, 29002, 29100, 30000 } accept" in router_node
+    # the door's exporter and its slot's metrics port on each door node (pro6000 ships the
+    # door on .5 and .7, slot b on .7)
+    assert "ip saddr { 10.9.0.7 } tcp dport { 29001, 29100, 30000 } accept" in router_node
     assert "ip saddr { 10.20.0.0/16 } tcp dport 31000 accept" in router_node
     assert not [line for line in router_node if "::/0" in line]
+    other_door_node = rules(config, "174.1.60.7")
+    assert ("ip saddr { 10.9.0.7 } tcp dport { 29002, 29100, 30000 } accept"
+            in other_door_node)
+    assert "ip saddr { 10.20.0.0/16 } tcp dport 31000 accept" in other_door_node
+    # On one door node, both slots' metrics ports are router.node's.
+    config = load_cluster_config(one_door_node(pro6000))
+    assert ("ip saddr { 10.9.0.7 } tcp dport { 29001, 29002, 29100, 30000 } accept"
+            in rules(config, "174.1.60.5"))
+
+
+def one_door_node(values: dict) -> dict:
+    """The door on pro6000's router node alone."""
+    values["router"]["door"] = {key: value for key, value in values["router"]["door"].items()
+                                if key not in ("nodes", "virtualIp")}
+    return values
 
 
 def door_on_two_nodes(values: dict) -> dict:
@@ -93,7 +109,7 @@ def test_vrrp_only_from_the_other_door_node(pro6000: dict) -> None:
 
 
 def test_one_door_node_has_no_vrrp_rule(pro6000: dict) -> None:
-    router_node = rules(load_cluster_config(pro6000), "174.1.60.5")
+    router_node = rules(load_cluster_config(one_door_node(pro6000)), "174.1.60.5")
     assert not [line for line in router_node if "vrrp" in line]
     assert router_node[1].endswith("; any other TCP: reset")
 
@@ -119,10 +135,11 @@ def test_nft_accepts_every_rendered_table(pro6000: dict) -> None:
     # A network inside another of the list is left out: nft refuses conflicting intervals.
     door = rules(load_cluster_config(pro6000), "174.1.60.5")
     assert "ip saddr { 0.0.0.0/0 } tcp dport 31000 accept" in door
-    assert "ip saddr { 10.9.0.0/24 } tcp dport { 29001, 29002, 29100, 30000 } accept" in door
+    assert "ip saddr { 10.9.0.0/24 } tcp dport { 29001, 29100, 30000 } accept" in door
     sim_2p2d = stack_values("sim-2p2d") | {"image": "10.231.60.254:5000/kimipd/sim-node@sha256:"
                                            + "a" * 64}
-    for values in (pro6000, door_on_two_nodes(copy.deepcopy(pro6000)), sim_2p2d):
+    for values in (pro6000, door_on_two_nodes(copy.deepcopy(pro6000)),
+                   one_door_node(copy.deepcopy(pro6000)), sim_2p2d):
         config = load_cluster_config(values)
         for node in config.nodes:
             check = subprocess.run(["nft", "-c", "-f", "-"], capture_output=True, text=True,

@@ -45,19 +45,27 @@ def test_without_a_door_the_one_rust_router_is_listed_as_before() -> None:
 
 
 def test_with_a_door_its_targets_replace_the_routers_metrics_port() -> None:
-    # sim-2p2d as shipped: the door with its default ports (metricsPort 29100, slots a, b).
+    # sim-2p2d as shipped: the door on two nodes with its default ports (metricsPort 29100,
+    # slots a, b): each door node's exporter and the slot that runs there.
     config = load_cluster_config(stack_values("sim-2p2d"))
     assert config.router.door is not None
     targets = prometheus_targets(config, "sim-2p2d")
     without = prometheus_targets(load_cluster_config(without_the_door(stack_values("sim-2p2d"))), "sim-2p2d")
-    assert targets[:-3] == without[:-1]  # the master and every rank, unchanged
-    assert router_targets(targets) == door_targets("sim-2p2d", "10.231.60.5", 29100,
-                                                   {"a": 29001, "b": 29002}, rust=True)
+    assert targets[:-4] == without[:-1]  # the master and every rank, unchanged
+    assert router_targets(targets) == [
+        *door_targets("sim-2p2d", "10.231.60.5", 29100, {"a": 29001}, rust=True),
+        *door_targets("sim-2p2d", "10.231.60.7", 29100, {"b": 29002}, rust=True)]
     assert "10.231.60.5:29000" not in {address for entry in targets
                                        for address in entry["targets"]}
     values = stack_values("sim-2p2d")
     values["router"] = {"node": "10.231.60.5", "port": 31000, "kind": "mini-lb",
                         "door": values["router"]["door"]}
     assert router_targets(prometheus_targets(load_cluster_config(values), "sim-2p2d")) == [
-        {"targets": ["10.231.60.5:29100"],
-         "labels": {"stack": "sim-2p2d", "role": "door", "node": "10.231.60.5"}}]
+        {"targets": [f"{node}:29100"],
+         "labels": {"stack": "sim-2p2d", "role": "door", "node": node}}
+        for node in ("10.231.60.5", "10.231.60.7")]
+    # On one door node: its exporter and both slots there.
+    one = stack_values("sim-2p2d")
+    one["router"]["door"] = {"image": one["router"]["door"]["image"]}
+    assert router_targets(prometheus_targets(load_cluster_config(one), "sim-2p2d")) == (
+        door_targets("sim-2p2d", "10.231.60.5", 29100, {"a": 29001, "b": 29002}, rust=True))

@@ -228,14 +228,23 @@ def test_preflight_ports_are_every_port_the_node_binds(pro6000: dict) -> None:
     assert preflight_flag(config, "174.1.60.1", "--ports").split(",") == [
         "8998=groups.prefill.bootstrapPort", "9003=mooncakeMaster.metricsPort", *dist_init,
         "30000=groups.prefill.httpPort", "50051=mooncakeMaster.rpcPort"]
-    # decode rank 0 (no bootstrap server) + the door and its two router slots.
+    # decode rank 0 (no bootstrap server) + a door and router slot a.
     assert preflight_flag(config, "174.1.60.5", "--ports").split(",") == [
         *(entry.replace("prefill", "decode") for entry in dist_init),
+        "29001=router.door.slots[0].metricsPort", "29100=router.door.metricsPort",
+        "30000=groups.decode.httpPort", "31000=router.port", "31001=router.door.slots[0].port"]
+    # decode rank 2 + the other door and slot b.
+    assert preflight_flag(config, "174.1.60.7", "--ports").split(",") == [
+        "29002=router.door.slots[1].metricsPort", "29100=router.door.metricsPort",
+        "30000=groups.decode.httpPort", "31000=router.port", "31002=router.door.slots[1].port"]
+    # A rank >= 1 binds --port too (SGLang's dummy health server).
+    assert preflight_flag(config, "174.1.60.8", "--ports") == "30000=groups.decode.httpPort"
+    # The door on router.node alone: both slots there.
+    pro6000["router"]["door"] = {"image": pro6000["router"]["door"]["image"]}
+    assert preflight_flag(load_cluster_config(pro6000), "174.1.60.5", "--ports").split(",")[8:] == [
         "29001=router.door.slots[0].metricsPort", "29002=router.door.slots[1].metricsPort",
         "29100=router.door.metricsPort", "30000=groups.decode.httpPort", "31000=router.port",
         "31001=router.door.slots[0].port", "31002=router.door.slots[1].port"]
-    # A rank >= 1 binds --port too (SGLang's dummy health server).
-    assert preflight_flag(config, "174.1.60.8", "--ports") == "30000=groups.decode.httpPort"
 
 
 def test_preflight_model_is_checked_through_the_volume_that_mounts_it(pro6000: dict) -> None:
@@ -256,6 +265,7 @@ def test_preflight_model_is_checked_through_the_volume_that_mounts_it(pro6000: d
 def test_preflight_checks_only_rank_nodes_for_the_model_and_devices(pro6000: dict) -> None:
     pro6000["nodes"].append({"address": "174.1.60.9", "gpus": 0})
     pro6000["router"]["node"] = "174.1.60.9"
+    pro6000["router"]["door"] = {"image": pro6000["router"]["door"]["image"]}
     config = load_cluster_config(pro6000)
     assert preflight_flag(config, "174.1.60.9", "--model-host-path") == ""
     assert preflight_flag(config, "174.1.60.9", "--device-paths") == ""
@@ -286,7 +296,8 @@ def test_gate_line(pro6000: dict) -> None:
 
 def test_smoke_test_posts_the_runbook_body(pro6000: dict) -> None:
     argv = shlex.split(smoke_test_command(load_cluster_config(pro6000)))
-    assert argv[argv.index("--url") + 1] == "http://174.1.60.5:31000/generate"
+    # Through the virtual IP: pro6000 ships the door on two nodes.
+    assert argv[argv.index("--url") + 1] == "http://174.1.60.100:31000/generate"
     assert json.loads(argv[argv.index("--body") + 1]) == {
         "text": "Hello", "sampling_params": {"max_new_tokens": 16}}
 
@@ -310,7 +321,8 @@ def test_container_plans(pro6000: dict) -> None:
     assert rank0.restart == "no" and rank0.privileged is False
     router, master = router_plan(config), mooncake_master_plan(config)
     assert (router.node, router.gpus, router.devices) == ("174.1.60.5", None, [])
-    assert router.health_url == "http://174.1.60.5:31000/health"
+    # router.port is the door's; on two door nodes clients reach it on the virtual IP.
+    assert router.health_url == "http://174.1.60.100:31000/health"
     assert (master.node, master.health_url) == ("174.1.60.1", "http://174.1.60.1:9003/health")
 
 
@@ -529,9 +541,9 @@ def test_metrics_render_the_flag_and_every_target(pro6000: dict) -> None:
     assert targets[6] == {"targets": ["174.1.60.6:30000"],
                           "labels": {"stack": "pro6000", "role": "decode-r1", "group": "decode",
                                      "mode": "decode", "rank": "1", "node": "174.1.60.6"}}
-    # 8 ranks, the master, the door's exporter and its two slots' metrics ports
-    assert len(targets) == 12
-    assert sorted(t["targets"][0] for t in targets if t["labels"]["node"] == "174.1.60.5"
-                  and t["labels"]["role"] in ("door", "router")) == [
-        "174.1.60.5:29001", "174.1.60.5:29002", "174.1.60.5:29100"]
+    # 8 ranks, the master, each door node's exporter and the slot running there
+    assert len(targets) == 13
+    assert sorted(t["targets"][0] for t in targets
+                  if t["labels"]["role"] in ("door", "router")) == [
+        "174.1.60.5:29001", "174.1.60.5:29100", "174.1.60.7:29002", "174.1.60.7:29100"]
     json.dumps(targets)  # a file_sd document as it stands

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from components.config import (ConfigError, config_warnings, load_cluster_config,
-                               undeployed_settings)
+                               placeholder_refusals)
+from components.config.placeholders import KEEPALIVED_IMAGE_PLACEHOLDER
 from components.render.keepalived import (advert_interval, door_check_file, keepalived_config,
                                           keepalived_config_file, keepalived_plan,
                                           keepalived_state_file)
@@ -61,10 +62,10 @@ def test_the_door_stands_on_two_nodes_each_the_others_only_peer(pro6000: dict) -
         100, None, 32, 51)
 
 
-def test_one_door_node_is_as_before() -> None:
-    from tests.conftest import stack_values
-
-    cfg = load_cluster_config(stack_values("pro6000"))
+def test_one_door_node_is_as_before(pro6000: dict) -> None:
+    pro6000["router"]["door"] = {key: value for key, value in pro6000["router"]["door"].items()
+                                 if key not in ("nodes", "virtualIp")}
+    cfg = load_cluster_config(pro6000)
     assert cfg.door_nodes == ["174.1.60.5"]
     assert cfg.door_peer("174.1.60.5") is None
     with pytest.raises(ValueError, match="router.door.virtualIp is not set"):
@@ -125,14 +126,43 @@ def test_a_virtual_ip_value_keepalived_would_refuse_is_refused_by_its_key(pro600
     assert "router.door.virtualIp.advertInterval: unknown key" in message
 
 
-def test_the_program_refuses_the_second_node_until_it_is_deployed(pro6000: dict) -> None:
-    (message,) = undeployed_settings(load_cluster_config(pro6000))
-    assert message.startswith("router.door.nodes: ['174.1.60.5', '174.1.60.6'] is checked but "
-                              "not deployed yet")
-    assert "remove router.door.nodes and router.door.virtualIp" in message
-    pro6000["router"]["door"] = {key: value for key, value in pro6000["router"]["door"].items()
-                                 if key not in ("nodes", "virtualIp")}
-    assert undeployed_settings(load_cluster_config(pro6000)) == []
+def test_the_shipped_stacks_stand_the_door_on_two_nodes() -> None:
+    from tests.conftest import stack_values
+
+    pro6000 = load_cluster_config(stack_values("pro6000"))
+    assert pro6000.door_nodes == ["174.1.60.5", "174.1.60.7"]
+    assert pro6000.router.door is not None and pro6000.router.door.virtual_ip is not None
+    assert pro6000.router.door.virtual_ip.address == VIP
+    sim = load_cluster_config(stack_values("sim-2p2d"))
+    assert sim.door_nodes == ["10.231.60.5", "10.231.60.7"]
+    # router.node and decode-b's rank 0: each door node carries a different decode group.
+    assert [sim.groups[name].nodes[0] for name in ("decode-a", "decode-b")] == sim.door_nodes
+    assert sim.router.door is not None and sim.router.door.virtual_ip is not None
+    assert sim.router.door.virtual_ip.address == "10.231.60.100"
+    assert sim.router.door.virtual_ip.image == "10.231.60.254:5000/kimipd/sim-keepalived:latest"
+
+
+def test_pro6000_s_keepalived_image_is_a_placeholder_the_program_refuses() -> None:
+    """The model loads it (every stack file is checked as shipped); the program refuses it by
+    its key, its value and the fix before any resource."""
+    from tests.conftest import stack_values
+
+    values = stack_values("pro6000")
+    assert values["router"]["door"]["virtualIp"]["image"] == KEEPALIVED_IMAGE_PLACEHOLDER
+    (message,) = placeholder_refusals(load_cluster_config(values), "pro6000")
+    assert message == (
+        f"router.door.virtualIp.image: {KEEPALIVED_IMAGE_PLACEHOLDER!r} is a placeholder (there "
+        "is no official keepalived image); build one into your registry with "
+        "`scripts/build-keepalived-image REGISTRY/kimipd/keepalived` (Debian 12's keepalived "
+        "and bash) and set the REPO@DIGEST it prints: pulumi config set --path "
+        "router.door.virtualIp.image REF -s pro6000")
+    # Any image in .invalid is one (it never resolves), with or without a port or digest.
+    for image in ("registry.invalid:5000/keepalived@sha256:" + "c" * 64, "x.invalid/k:1"):
+        values["router"]["door"]["virtualIp"]["image"] = image
+        assert len(placeholder_refusals(load_cluster_config(values), "s")) == 1, image
+    values["router"]["door"]["virtualIp"]["image"] = KEEPALIVED_IMAGE
+    assert placeholder_refusals(load_cluster_config(values), "pro6000") == []
+    assert placeholder_refusals(load_cluster_config(stack_values("sim-2p2d")), "sim-2p2d") == []
 
 
 def test_without_the_firewall_vrrp_from_anyone_is_warned_about(pro6000: dict) -> None:
