@@ -134,8 +134,12 @@ class Cluster(pulumi.ComponentResource):
                                    after=self.doors[-1] if self.doors else None, opts=child))
         # On two door nodes: the address clients use, held by one of them (keepalived).
         door = cfg.router.door
-        self.virtual_ips = ([VirtualIp(cfg, self.nodes, each, opts=child) for each in self.doors]
-                            if door is not None and door.virtual_ip is not None else [])
+        self.virtual_ips: list[VirtualIp] = []
+        if door is not None and door.virtual_ip is not None:
+            for each in self.doors:
+                self.virtual_ips.append(VirtualIp(
+                    cfg, self.nodes, each,
+                    after=self.virtual_ips[-1] if self.virtual_ips else None, opts=child))
         # Every node a router runs on reads the key from its own file.
         slot_nodes = {slot: cfg.router.node if slot is None else cfg.slot_node(slot)
                       for slot in router_slots(cfg)}

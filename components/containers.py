@@ -11,6 +11,13 @@ from .node import Node
 from .render import ContainerPlan, env_list
 
 
+def docker_capabilities(names: Sequence[str]) -> list[str]:
+    """capabilities(7) names as docker reports them back (CAP_IPC_LOCK): the provider's refresh
+    reads them so, and a name without CAP_ would be a diff after every refresh, replacing the
+    container at the next `up` (every rank and both keepalived at once, at each heal)."""
+    return [name if name.startswith("CAP_") else "CAP_" + name for name in names]
+
+
 def node_container(plan: ContainerPlan, node: Node, *, depends_on: Sequence[pulumi.Resource],
                    parent: pulumi.Resource, follows: docker.Container | None = None,
                    resource_name: str | None = None,
@@ -46,7 +53,7 @@ def node_container(plan: ContainerPlan, node: Node, *, depends_on: Sequence[pulu
         gpus=plan.gpus,
         devices=[docker.ContainerDeviceArgs(host_path=d, container_path=d, permissions="rwm")
                  for d in plan.devices] or None,
-        capabilities=docker.ContainerCapabilitiesArgs(adds=plan.capabilities)
+        capabilities=docker.ContainerCapabilitiesArgs(adds=docker_capabilities(plan.capabilities))
         if plan.capabilities else None,
         privileged=plan.privileged,
         shm_size=plan.shm_size_mb,

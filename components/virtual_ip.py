@@ -28,6 +28,7 @@ class VirtualIp(pulumi.ComponentResource):
     priority) is an in-place update; only a new image replaces the container."""
 
     def __init__(self, cfg: ClusterConfig, nodes: Mapping[str, Node], door: Door,
+                 after: VirtualIp | None = None,
                  opts: pulumi.ResourceOptions | None = None) -> None:
         plan = keepalived_plan(cfg, door.address)
         super().__init__("kimipd:virtual_ip:VirtualIp", plan.role, None, opts)
@@ -44,7 +45,11 @@ class VirtualIp(pulumi.ComponentResource):
             delete=remove_virtual_ip_files_command(cfg),
             stdin=keepalived_config(cfg, door.address),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.image]))
-        self.container = node_container(plan, node, depends_on=[self.config, door.container],
+        # AFTER: the other node's keepalived, whose new container holds or backs the address
+        # before this one goes: replacing both at once would leave the address on no node.
+        self.container = node_container(plan, node, depends_on=[
+                                            self.config, door.container,
+                                            *([after.gate] if after is not None else [])],
                                         parent=self, image=self.image.image_id,
                                         stop_grace_seconds=KEEPALIVED_STOP_GRACE_SECONDS)
         # Passes once some door node holds the address and its door answers through it.

@@ -211,6 +211,8 @@ def kimipd(project: Project, stack_name: str, *args: str,
 
 
 def container_ids(sim: SimCluster) -> dict[str, str]:
+    """container name -> "ID STATE" on every node; a name on more than one node (the door and
+    keepalived on two door nodes) is NAME on the first and NAME@NODE on the others."""
     ids = {}
     for node in NODES:
         listing = sim.docker(node, "ps", "-a", "--filter", "label=kimipd.role",
@@ -218,7 +220,7 @@ def container_ids(sim: SimCluster) -> dict[str, str]:
         for line in listing.stdout.split("\n"):
             if line.strip():
                 name, cid, state = line.split()
-                ids[name] = f"{cid} {state}"
+                ids[name if name not in ids else f"{name}@{node}"] = f"{cid} {state}"
     return ids
 
 

@@ -449,7 +449,9 @@ def test_a_strangers_vrrp_adverts_do_not_move_the_address(
             while sender.poll() is None:
                 seen.append(tuple(holder()))
                 time.sleep(0.2)
-            sent = int(sender.communicate(timeout=30)[0])
+            assert sender.stdout is not None
+            sent = int(sender.stdout.read())
+            sender.wait(30)
             time.sleep(2)
             seen.append(tuple(holder()))
     print(load.summary("a stranger's VRRP adverts") + f"; {sent} adverts at priority 255 from "

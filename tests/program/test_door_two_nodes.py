@@ -186,7 +186,7 @@ def test_keepalived_beside_each_door_with_its_check_loop(run: Run, node: str, ro
     assert inputs["name"] == "kimipd-keepalived"
     assert (inputs["networkMode"], inputs["restart"], inputs["entrypoints"]) == (
         "host", "no", ["bash"])
-    assert inputs["capabilities"]["adds"] == ["NET_ADMIN", "NET_RAW", "NET_BROADCAST"]
+    assert inputs["capabilities"]["adds"] == ["CAP_NET_ADMIN", "CAP_NET_RAW", "CAP_NET_BROADCAST"]
     assert not inputs.get("privileged")
     # One process tree: the loop and keepalived end together (assets/virtual-ip.sh).
     command = inputs["command"]
