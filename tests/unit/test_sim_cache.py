@@ -84,6 +84,21 @@ def test_the_git_filter_writes_another_caches_paths_back_as_committed() -> None:
     assert "    knownHostsFile: ~/.cache/kimipd/sim/ssh/known_hosts\n" in cleaned
 
 
+@pytest.mark.parametrize("stack", ["sim", "sim-2p2d"])
+def test_the_git_filter_writes_the_pinned_images_back_as_committed(stack: str) -> None:
+    """setup-stack-sim pins the node image, the door's and keepalived's (sim-2p2d's door on two
+    nodes) by digest; git sees them at :latest again, and the key and salt gone."""
+    text = committed_text(f"Pulumi.{stack}.yaml")
+    pinned = text
+    for repository in ("sim-node", "sim-door", "sim-keepalived"):
+        pinned = pinned.replace(f"/kimipd/{repository}:latest",
+                                f"/kimipd/{repository}@sha256:" + "ab" * 32)
+    assert pinned.count("@sha256:") == (3 if stack == "sim-2p2d" else 2)
+    pinned = "encryptionsalt: v1:abc\n" + pinned.replace(
+        "config:\n", "config:\n  kimipd:routerApiKey:\n    secure: v1:xyz\n", 1)
+    assert git_clean(pinned) == git_clean(text) == text
+
+
 def test_setup_stack_sim_sets_the_paths_that_name_another_cache() -> None:
     """`pulumi config --json` of stack sim -> the `pulumi config set --path` keys and values."""
     # The committed file: the working copy carries whichever cache setup-stack-sim last wrote
