@@ -12,14 +12,17 @@
 # otherwise wait for the next change. SIGTERM (docker stop) reaches keepalived, which gives the
 # address up with a priority-0 advert; SIGHUP (a new keepalived.conf) makes it reload.
 #
-# usage: virtual-ip.sh --config FILE --check-file FILE --door HOST:PORT --interval SECONDS
+# usage: virtual-ip.sh --config FILE --check-file FILE --state-file FILE --door HOST:PORT
+#                      --interval SECONDS
 #
 # The same script is keepalived's notify script (keepalived.conf's `notify`, so no other file
 # is shipped to every node): `virtual-ip.sh --notify STATE_FILE`, to which keepalived appends
 # TYPE NAME STATE PRIORITY, writes STATE (MASTER, BACKUP, FAULT, STOP) to STATE_FILE for
 # `kimipd status` to read over SSH (keepalived has no query interface). Written aside and
 # renamed, so a reader never sees half. A keepalived that dies leaves its last state there:
-# status trusts the file only while the container runs.
+# status trusts the file only while the container runs, and the container removes it as it
+# starts (--state-file), so a restarted one shows no state until keepalived's first
+# transition, never the MASTER of before the restart.
 set -uo pipefail
 
 if [[ "${1:-}" == --notify ]]; then
@@ -31,22 +34,25 @@ if [[ "${1:-}" == --notify ]]; then
   exit
 fi
 
-config="" check_file="" door="" interval=0.1
+config="" check_file="" state_file="" door="" interval=0.1
 while (($# > 0)); do
   case "$1" in
     --config) config="$2" ;;
     --check-file) check_file="$2" ;;
+    --state-file) state_file="$2" ;;
     --door) door="$2" ;;
     --interval) interval="$2" ;;
     *) echo "virtual-ip.sh: unknown option '$1'" >&2; exit 2 ;;
   esac
   shift 2
 done
-if [[ -z "${config}" || -z "${check_file}" || "${door}" != *:* ]]; then
-  echo "virtual-ip.sh: --config, --check-file and --door HOST:PORT are required" >&2
+if [[ -z "${config}" || -z "${check_file}" || -z "${state_file}" || "${door}" != *:* ]]; then
+  echo "virtual-ip.sh: --config, --check-file, --state-file and --door HOST:PORT are required" >&2
   exit 2
 fi
 host=${door%:*} port=${door##*:}
+# Before keepalived starts: its notify script writes the first state of this run.
+rm -f "${state_file}" "${state_file}.new"
 
 # 0 when the door answers GET /health with 200 within a second, else 1.
 door_down() {

@@ -142,11 +142,13 @@ def virtual_ip_url(cfg: ClusterConfig) -> str:
 
 def keepalived_plan(cfg: ClusterConfig, address: str) -> ContainerPlan:
     """keepalived and the door's check loop in one container on the door node ADDRESS
-    (assets/virtual-ip.sh: if either ends, so does the other). Gated on the door's /health
+    (assets/virtual-ip.sh: if either ends, so does the other; it clears keepalived's state file
+    as it starts, so no state of before a restart is shown). Gated on the door's /health
     through the virtual IP: some door node holds it and its door answers."""
     role = cfg.keepalived_role(address)
     command = [VIRTUAL_IP_SCRIPT, "--config", keepalived_config_file(cfg),
                "--check-file", door_check_file(cfg),
+               "--state-file", keepalived_state_file(cfg),
                "--door", f"{address}:{door_spec(cfg).metrics_port}",
                "--interval", advert_interval(virtual_ip_spec(cfg).advert_interval_ms)]
     plan = container_plan(cfg, role, address, command, {}, virtual_ip_url(cfg),

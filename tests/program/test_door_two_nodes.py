@@ -194,6 +194,8 @@ def test_keepalived_beside_each_door_with_its_check_loop(run: Run, node: str, ro
     assert command[command.index("--door") + 1] == f"{node}:29100"
     assert command[command.index("--interval") + 1] == "0.1"
     assert command[command.index("--check-file") + 1] == "/opt/kimipd/router-31000/vip/door-down"
+    # Cleared as the container starts: no state of before a restart is shown.
+    assert command[command.index("--state-file") + 1] == "/opt/kimipd/router-31000/vip/state"
     labels = {label["label"]: label["value"] for label in inputs["labels"]}
     assert labels == {"kimipd.role": role}  # restartGeneration does not move the address
     image = run.named(f"{role}-image")

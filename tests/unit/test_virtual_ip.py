@@ -300,7 +300,8 @@ def test_keepalived_runs_beside_its_check_loop_on_each_door_node(pro6000: dict) 
             role, address, "kimipd-keepalived", "no")
         assert plan.command == [
             "/opt/kimipd/virtual-ip.sh", "--config", keepalived_config_file(cfg),
-            "--check-file", door_check_file(cfg), "--door", f"{address}:29100",
+            "--check-file", door_check_file(cfg), "--state-file", keepalived_state_file(cfg),
+            "--door", f"{address}:29100",
             "--interval", "0.1"]
         assert plan.capabilities == ["NET_ADMIN", "NET_RAW", "NET_BROADCAST"]
         assert plan.mounts == [("/opt/kimipd", "/opt/kimipd", True),
@@ -359,7 +360,8 @@ def _start(tmp_path: Path, bin_dir: Path, port: int) -> subprocess.Popen:
     return subprocess.Popen(
         ["bash", str(Path(__file__).parents[2] / "assets" / "virtual-ip.sh"),
          "--config", str(tmp_path / "keepalived.conf"), "--check-file",
-         str(tmp_path / "door-down"), "--door", f"127.0.0.1:{port}", "--interval", "0.05"],
+         str(tmp_path / "door-down"), "--state-file", str(tmp_path / "state"),
+         "--door", f"127.0.0.1:{port}", "--interval", "0.05"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True)
 
@@ -401,6 +403,34 @@ def test_the_check_loop_writes_the_doors_health_at_every_tick(
         assert (tmp_path / "term").exists()
     finally:
         _end(script)
+
+
+@pytest.mark.timeout(120)
+def test_a_restarted_container_shows_no_state_of_before_the_restart(
+        tmp_path: Path, fake_keepalived: Path) -> None:
+    """A container that stopped as MASTER (or was killed) left MASTER in the state file: the new
+    run removes it before keepalived starts, so status says unknown, not MASTER, until
+    keepalived's first transition writes the state of this run."""
+    (tmp_path / "state").write_text("MASTER\n")
+    (tmp_path / "state.new").write_text("BACKUP\n")  # a notify cut short
+    door = _Door()
+    script = _start(tmp_path, fake_keepalived, door.port)
+    try:
+        _until(lambda: (tmp_path / "pid").exists(), "keepalived started")
+        assert not (tmp_path / "state").exists() and not (tmp_path / "state.new").exists()
+    finally:
+        _end(script)
+        door.stop()
+
+
+def test_the_state_file_is_required(tmp_path: Path) -> None:
+    result = subprocess.run(
+        ["bash", str(Path(__file__).parents[2] / "assets" / "virtual-ip.sh"), "--config", "c",
+         "--check-file", "f", "--door", "127.0.0.1:9"], capture_output=True, text=True,
+        timeout=30, check=False)
+    assert result.returncode == 2
+    assert "--config, --check-file, --state-file and --door HOST:PORT are required" in (
+        result.stderr)
 
 
 @pytest.mark.timeout(120)
