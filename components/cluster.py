@@ -221,6 +221,8 @@ def door_output(cfg: ClusterConfig) -> dict[str, object] | None:
     output["nodes"] = {
         address: {"role": door_plan(cfg, address).role, "container": door_plan(cfg, address).name,
                   "metricsUrl": f"http://{address}:{door.metrics_port}/metrics",
+                  # adminSocket: that door's runtime API on that node (status, logs).
+                  "adminSocket": door_admin_socket(cfg),
                   # stateFile: where status reads keepalived's state on that node.
                   "keepalived": {"role": keepalived_plan(cfg, address).role,
                                  "container": keepalived_plan(cfg, address).name,

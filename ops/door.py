@@ -1,5 +1,6 @@
 """The door as the day-two tools see it (`status`, `logs`): HAProxy's runtime API read over SSH on
-the router's node, each slot's readiness, and each slot's own view of the groups (GET /workers).
+the router's node (on each door node when the door stands on two: each door checks both slots on
+its own), each slot's readiness, and each slot's own view of the groups (GET /workers).
 
 The runtime API is a UNIX socket on the node (the `door` output's adminSocket). The nodes have no
 socat: a few lines of python3 send one command and print the answer; HAProxy closes the socket
@@ -125,6 +126,22 @@ def members(body: str, groups: Mapping[str, Any]) -> list[Member]:
 
 
 @dataclass
+class AtDoor:
+    """One slot as one door sees it: its server's line in that door's `show stat`."""
+
+    # UP, DOWN, DRAIN, MAINT, "UP 1/2", "no check"; None: that door's runtime API was not
+    # read, or its backend has no such server.
+    state: str | None = None
+    sessions: int | None = None  # scur: requests in flight through that door
+    check: str | None = None  # check_status: L7OK, L7STS, L4CON, ...
+    since_change: int | None = None  # lastchg: seconds since its state last changed
+
+    def as_json(self) -> dict[str, Any]:
+        return {"state": self.state, "sessions": self.sessions, "check": self.check,
+                "sinceChangeSeconds": self.since_change}
+
+
+@dataclass
 class SlotReport:
     name: str
     role: str
@@ -132,29 +149,50 @@ class SlotReport:
     server: str
     container: str  # its docker state, as the container's row says ("running", "exited (137)")
     readiness: HttpAnswer
-    # `show stat`'s status of its server: UP, DOWN, DRAIN, MAINT, "UP 1/2", "no check"; None:
-    # the runtime API was not read, or the backend has no such server.
-    at_door: str | None = None
-    sessions: int | None = None  # scur: requests in flight through the door
-    check: str | None = None  # check_status: L7OK, L7STS, L4CON, ...
-    since_change: int | None = None  # lastchg: seconds since its state last changed
+    # Door node -> the slot as that node's door sees it, router.node's first; one entry with
+    # the door on router.node alone.
+    at_doors: dict[str, AtDoor] = field(default_factory=dict)
     members: list[Member] | None = None  # None: not asked (MiniLB, no routerApiKey)
     members_error: str | None = None
     problems: list[str] = field(default_factory=list)
 
     @property
+    def _first(self) -> AtDoor:
+        return next(iter(self.at_doors.values()), AtDoor())
+
+    # router.node's door's view (the only door's, on one door node).
+    @property
+    def at_door(self) -> str | None:
+        return self._first.state
+
+    @property
+    def sessions(self) -> int | None:
+        return self._first.sessions
+
+    @property
+    def check(self) -> str | None:
+        return self._first.check
+
+    @property
+    def since_change(self) -> int | None:
+        return self._first.since_change
+
+    @property
     def serving(self) -> bool:
-        """The door sends it requests (the door's word when it could be read, else the slot's
-        own readiness)."""
-        if self.at_door is not None:
-            return serving_at_door(self.at_door)
+        """A door sends it requests (the doors' word where it could be read, else the slot's own
+        readiness)."""
+        read = [view.state for view in self.at_doors.values() if view.state is not None]
+        if read:
+            return any(serving_at_door(state) for state in read)
         return self.container == "running" and self.readiness.ok
 
     def as_json(self) -> dict[str, Any]:
         return {"slot": self.name, "role": self.role, "url": self.url, "server": self.server,
                 "container": self.container, "readiness": self.readiness.as_json(),
                 "atDoor": self.at_door, "sessions": self.sessions, "check": self.check,
-                "sinceChangeSeconds": self.since_change, "serving": self.serving,
+                "sinceChangeSeconds": self.since_change,
+                "atDoors": {node: view.as_json() for node, view in self.at_doors.items()},
+                "serving": self.serving,
                 "members": ([asdict(member) for member in self.members]
                             if self.members is not None else None),
                 "membersError": self.members_error, "problems": self.problems}
@@ -169,7 +207,8 @@ class DoorReport:
     container: str  # its docker state
     answer: HttpAnswer  # GET DOOR/health: through the door to a slot
     slots: list[SlotReport]
-    stat_error: str | None = None  # why the runtime API could not be read
+    # Door node -> why its runtime API could not be read (no entry: it was).
+    stat_errors: dict[str, str] = field(default_factory=dict)
     membership: str = ""  # how the slots' view of the groups was asked, or why not
     problems: list[str] = field(default_factory=list)
     # On two door nodes: each door node's door container state (router.node's is `container`
@@ -177,8 +216,24 @@ class DoorReport:
     doors: dict[str, str] = field(default_factory=dict)
 
     @property
+    def stat_error(self) -> str | None:
+        """Why the runtime API could not be read (on two door nodes, each that could not)."""
+        if not self.stat_errors:
+            return None
+        if not self.doors:
+            return next(iter(self.stat_errors.values()))
+        return "; ".join(f"{node}: {error}" for node, error in self.stat_errors.items())
+
+    @property
     def serving_slots(self) -> list[SlotReport]:
         return [slot for slot in self.slots if slot.serving]
+
+    def serving_at(self, node: str) -> list[str] | None:
+        """The slots NODE's door sends requests to; None when its runtime API was not read."""
+        if node in self.stat_errors:
+            return None
+        return [slot.name for slot in self.slots
+                if serving_at_door(slot.at_doors.get(node, AtDoor()).state or "")]
 
     @property
     def ok(self) -> bool:
@@ -196,7 +251,8 @@ class DoorReport:
         return {"url": self.url, "tls": self.tls, "tlsVerification": self.tls_verification,
                 "node": self.node, "container": self.container, "health": self.answer.as_json(),
                 "doors": self.doors or None,
-                "runtimeApiError": self.stat_error, "membership": self.membership,
+                "runtimeApiError": self.stat_error, "runtimeApiErrors": self.stat_errors,
+                "membership": self.membership,
                 "servingSlots": [slot.name for slot in self.serving_slots],
                 "slots": [slot.as_json() for slot in self.slots], "problems": self.problems}
 
@@ -220,7 +276,8 @@ class DoorProbes:
         self.api_key = api_key
         self.router_kind = router_kind
         self.answer: Future | None = None
-        self.stat: Future | None = None
+        # Door node -> its door's `show stat`: router.node's, and the other door node's too.
+        self.stats: dict[str, Future] = {}
         self.readiness: dict[str, Future] = {}
         self.workers: dict[str, Future] = {}
 
@@ -231,7 +288,10 @@ class DoorProbes:
     def submit(self, pool: ThreadPoolExecutor) -> list[Future]:
         door = self.door
         self.answer = pool.submit(self.prober.get, door.url.rstrip("/") + "/health", door.node)
-        self.stat = pool.submit(self._show_stat)
+        sockets = ({node.address: node.admin_socket for node in door.nodes}
+                   or {door.node: door.admin_socket})
+        self.stats = {node: pool.submit(self._show_stat, node, socket)
+                      for node, socket in sockets.items()}
         path = check_path(self.router_kind)
         self.readiness = {slot.name: pool.submit(self.prober.get, slot.url.rstrip("/") + path,
                                                  door.node) for slot in door.slots}
@@ -239,25 +299,27 @@ class DoorProbes:
             slot.name: pool.submit(self.prober.request, "GET", slot.url.rstrip("/") + "/workers",
                                    door.node, api_key=self.api_key, router_port=door.port)
             for slot in door.slots} if self.asks_members else {}
-        return [self.answer, self.stat, *self.readiness.values(), *self.workers.values()]
+        return [self.answer, *self.stats.values(), *self.readiness.values(),
+                *self.workers.values()]
 
-    def _show_stat(self) -> dict[tuple[str, str], dict[str, str]]:
-        return parse_show_stat(runtime_api(self.transport, self.door.node,
-                                           self.door.admin_socket, "show stat", self.timeout))
+    def _show_stat(self, node: str, socket: str) -> dict[tuple[str, str], dict[str, str]]:
+        return parse_show_stat(runtime_api(self.transport, node, socket, "show stat",
+                                           self.timeout))
 
     def report(self, containers: Mapping[str, str], tls_verification: str | None) -> DoorReport:
         """CONTAINERS: role -> docker state, from the status's rows."""
         door = self.door
         answer = settled(self.answer, HttpAnswer(door.url + "/health", "-", error="timed out"))
-        stat: dict[tuple[str, str], dict[str, str]] | None = None
-        stat_error = None
-        if self.stat is not None and self.stat.done():
+        stats: dict[str, dict[tuple[str, str], dict[str, str]]] = {}
+        stat_errors: dict[str, str] = {}
+        for node, future in self.stats.items():
+            if not future.done():
+                stat_errors[node] = "the runtime API did not answer in time"
+                continue
             try:
-                stat = self.stat.result()
+                stats[node] = future.result()
             except (RuntimeApiError, csv.Error) as error:
-                stat_error = str(error)
-        else:
-            stat_error = "the runtime API did not answer in time"
+                stat_errors[node] = str(error)
         if self.asks_members:
             membership = "each slot's GET /workers"
         elif self.router_kind != "rust":
@@ -266,32 +328,38 @@ class DoorProbes:
             membership = "not asked: no routerApiKey at hand"
         report = DoorReport(door.url, door.tls, tls_verification if door.tls else None,
                             door.node, containers.get("door", "unknown"), answer, [],
-                            stat_error, membership,
+                            stat_errors, membership,
                             doors={node.address: containers.get(node.door_role, "unknown")
                                    for node in door.nodes})
         path = check_path(self.router_kind)
         for slot in door.slots:
-            report.slots.append(self._slot(slot, containers.get(slot.role, "unknown"), stat,
+            report.slots.append(self._slot(slot, containers.get(slot.role, "unknown"), stats,
                                            path))
         report.problems = self._door_problems(report)
         return report
 
     def _slot(self, slot: Slot, container: str,
-              stat: dict[tuple[str, str], dict[str, str]] | None, path: str) -> SlotReport:
+              stats: dict[str, dict[tuple[str, str], dict[str, str]]], path: str) -> SlotReport:
         readiness = settled(self.readiness.get(slot.name),
                             HttpAnswer(slot.url + path, "-", error="timed out"))
         report = SlotReport(slot.name, slot.role, slot.url, slot.server, container, readiness)
-        if stat is not None:
+        two_doors = bool(self.door.nodes)
+        for node in self.stats:
+            view = report.at_doors.setdefault(node, AtDoor())
+            stat = stats.get(node)
+            if stat is None:
+                continue
+            at = f"the door's on {node}" if two_doors else "the door's"
             row = stat.get((self.door.backend, slot.server))
             if row is None:
-                report.problems.append(f"the door's backend {self.door.backend} has no server "
+                report.problems.append(f"{at} backend {self.door.backend} has no server "
                                        f"{slot.server}")
-            else:
-                report.at_door = row.get("status") or None
-                report.sessions = _int(row.get("scur"))
-                # "* L7OK" while the next check runs: the last result is what it reports.
-                report.check = (row.get("check_status") or "").removeprefix("* ") or None
-                report.since_change = _int(row.get("lastchg"))
+                continue
+            view.state = row.get("status") or None
+            view.sessions = _int(row.get("scur"))
+            # "* L7OK" while the next check runs: the last result is what it reports.
+            view.check = (row.get("check_status") or "").removeprefix("* ") or None
+            view.since_change = _int(row.get("lastchg"))
         if slot.name in self.workers:
             answer = settled(self.workers[slot.name],
                              HttpAnswer(slot.url + "/workers", "-", error="timed out"))
@@ -305,8 +373,10 @@ class DoorProbes:
             report.problems.append(f"container {container}")
         if not readiness.ok:
             report.problems.append(f"not ready (GET {path}: {readiness.summary()})")
-        if report.at_door is not None and not serving_at_door(report.at_door):
-            report.problems.append(f"{report.at_door} at the door")
+        for node, view in report.at_doors.items():
+            if view.state is not None and not serving_at_door(view.state):
+                report.problems.append(f"{view.state} at the door"
+                                       + (f" on {node}" if two_doors else ""))
         if report.members_error:
             report.problems.append(report.members_error)
         for member in report.members or []:
@@ -326,8 +396,14 @@ class DoorProbes:
         if not report.answer.ok:
             problems.append(f"GET {report.url}/health through the door: "
                             f"{report.answer.summary()}")
-        if report.stat_error:
-            problems.append(f"runtime API: {report.stat_error}")
+        for node, error in report.stat_errors.items():
+            problems.append(f"runtime API on {node}: {error}" if report.doors
+                            else f"runtime API: {error}")
+        if report.doors:
+            # Each door sends to the slots it sees up: one that sees none fails every request
+            # that reaches it (status is down when it holds the virtual IP).
+            problems += [f"the door on {node} sends to no slot" for node in report.doors
+                         if report.serving_at(node) == []]
         serving = report.serving_slots
         if not serving:
             problems.append("no slot serves")

@@ -154,12 +154,13 @@ class Collector:
     def door(self, door: Door) -> list:
         """The door's runtime state, read on its node, or on each door node when it stands on
         two (each HAProxy checks the slots on its own; a door that is down refuses: noted)."""
-        nodes = [node.address for node in door.nodes] or [door.node]
+        sockets = ({node.address: node.admin_socket for node in door.nodes}
+                   or {door.node: door.admin_socket})
         return [(self._run, node, f"{node}/{file}",
                  f"python3 runtime API: {command}",
-                 runtime_api_command(door.admin_socket, command, min(self.timeout, 10.0)),
+                 runtime_api_command(socket, command, min(self.timeout, 10.0)),
                  None, True)
-                for node in nodes for file, command in DOOR_COMMANDS.items()]
+                for node, socket in sockets.items() for file, command in DOOR_COMMANDS.items()]
 
     def virtual_ip(self, door: Door) -> list:
         """On each door node: who holds the address there and keepalived's last state, as

@@ -80,6 +80,8 @@ class DoorNode:
     keepalived_container: str
     # Where keepalived's notify script writes the instance's state on this node.
     state_file: str
+    # This node's door's runtime API (the `door` output's adminSocket where the entry has none).
+    admin_socket: str = ""
 
 
 @dataclass(frozen=True)
@@ -135,15 +137,18 @@ class Door:
                        container=str(door.get("container") or f"kimipd-{DOOR}"),
                        slots=slots, metrics_url=door.get("metricsUrl"),
                        backend=str(door.get("backend") or DOOR_BACKEND),
-                       nodes=door_nodes(door.get("nodes") or {}, node),
+                       nodes=door_nodes(door.get("nodes") or {}, node,
+                                        str(door["adminSocket"])),
                        virtual_ip=virtual_ip(door.get("virtualIp")))
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise StackError(f"the stack's `door` output cannot be read ({type(error).__name__}: "
                              f"{error}): {json.dumps(door, default=str)[:300]}") from None
 
 
-def door_nodes(nodes: Mapping[str, Any], router_node: str) -> tuple[DoorNode, ...]:
-    """The `door` output's `nodes` (address -> its door and keepalived), router.node first."""
+def door_nodes(nodes: Mapping[str, Any], router_node: str,
+               admin_socket: str = "") -> tuple[DoorNode, ...]:
+    """The `door` output's `nodes` (address -> its door and keepalived), router.node first.
+    ADMIN_SOCKET: the door's runtime API where an entry names none of its own."""
     found = []
     for address, entry in nodes.items():
         keepalived = entry.get("keepalived") or {}
@@ -152,7 +157,8 @@ def door_nodes(nodes: Mapping[str, Any], router_node: str) -> tuple[DoorNode, ..
             door_container=str(entry["container"]),
             keepalived_role=str(keepalived["role"]),
             keepalived_container=str(keepalived["container"]),
-            state_file=str(keepalived["stateFile"])))
+            state_file=str(keepalived["stateFile"]),
+            admin_socket=str(entry.get("adminSocket") or admin_socket)))
     return tuple(sorted(found, key=lambda node: (node.address != router_node,
                                                  _address_key(node.address))))
 

@@ -4,9 +4,10 @@ by its timeout: a dead node costs its own rows, never the table.
 
 With the door (the `door` output): the door's port, each slot's readiness and state at the door
 (HAProxy's runtime API, over SSH on the router's node), and where each group stands in each
-slot (registered, healthy, load: the slot's GET /workers). With the door on two nodes, also
-which node holds the virtual IP and each keepalived's state (ops/virtual_ip.py); two holders or
-none is down."""
+slot (registered, healthy, load: the slot's GET /workers). With the door on two nodes, each
+door's view of both slots (each checks them on its own), which node holds the virtual IP and
+each keepalived's state (ops/virtual_ip.py); two holders or none is down, and so is a holder
+whose door sends to no slot."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import DEGRADED, DOWN, OK
-from .door import DoorProbes, DoorReport, serving_at_door
+from .door import AtDoor, DoorProbes, DoorReport, serving_at_door
 from .probe import HttpAnswer, Prober, Tls, settled, tls_check
 from .remote import CommandTimeout, RemoteError, Transport
 from .stack import ContainerRef, Stack, Topology
@@ -384,6 +385,11 @@ def collect(topology: Topology, transport: Transport, prober: Prober, timeout: f
     elif vip_report is not None and vip_report.down is not None:
         exit_code, verdict = DOWN, "down"
         notes.append(vip_report.down)
+    elif (door_report is not None and vip_report is not None and len(vip_report.holders) == 1
+          and door_report.serving_at(vip_report.holders[0]) == []):
+        exit_code, verdict = DOWN, "down"
+        notes.append(f"no slot serves at the door on {vip_report.holders[0]}, which holds the "
+                     "virtual IP: every request fails")
     elif door_report is not None and not (door_report.open and door_report.serving_slots):
         exit_code, verdict = DOWN, "down"
         notes.append("the door does not take connections: no request gets in" if not
@@ -427,27 +433,57 @@ def _at_door_text(state: str | None, error: str | None) -> Text:
     return Text(state, style="green" if serving_at_door(state) else "red")
 
 
+def _at_doors_text(view: AtDoor, error: str | None) -> Text:
+    """One door's view of one slot in a cell: `UP, 0 in flight, L7OK, 5m02s`."""
+    if view.state is None:
+        return _at_door_text(None, error)
+    details = [f"{view.sessions} in flight" if view.sessions is not None else None, view.check,
+               duration(view.since_change) if view.since_change is not None else None]
+    return Text.assemble(_at_door_text(view.state, error),
+                         "".join(f", {detail}" for detail in details if detail))
+
+
 def _door_lines(door: DoorReport) -> list[Any]:
     scheme = f"TLS, {door.tls_verification}" if door.tls else "plain HTTP"
     serving = door.serving_slots
+    if door.doors:
+        where: list[Any] = [f"{door.url} ({scheme}) on "]
+        for index, (node, state) in enumerate(door.doors.items()):
+            where += [", " if index else "", f"{node} (", _container_text(state), ")"]
+    else:
+        where = [f"{door.url} ({scheme}) on {door.node}: container ",
+                 _container_text(door.container)]
     lines: list[Any] = [Text.assemble(
-        ("door ", "bold"), f"{door.url} ({scheme}) on {door.node}: container ",
-        _container_text(door.container), "; GET /health ", _health_text(door.answer),
+        ("door ", "bold"), *where, "; GET /health ", _health_text(door.answer),
         f" via {door.answer.via}; serving slots: ",
         (", ".join(slot.name for slot in serving) or "none",
          "green" if len(serving) == len(door.slots) else "red" if not serving else "yellow"))]
     slots = Table(show_edge=False, pad_edge=False)
-    for column in ("slot", "role", "url", "container", "ready", "at door", "in flight", "check",
-                   "since", "verdict"):
-        slots.add_column(column, no_wrap=column != "verdict")
-    for slot in door.slots:
-        slots.add_row(
-            slot.name, slot.role, slot.url, _container_text(slot.container),
-            _health_text(slot.readiness), _at_door_text(slot.at_door, door.stat_error),
-            "-" if slot.sessions is None else str(slot.sessions), slot.check or "-",
-            duration(slot.since_change),
-            Text("ok", style="green") if not slot.problems
-            else Text("; ".join(slot.problems), style="red"))
+    if door.doors:
+        # Each door checks both slots on its own: a column per door node.
+        for column in ("slot", "role", "url", "container", "ready",
+                       *(f"at the door on {node}" for node in door.doors), "verdict"):
+            slots.add_column(column, no_wrap=column != "verdict")
+        for slot in door.slots:
+            slots.add_row(
+                slot.name, slot.role, slot.url, _container_text(slot.container),
+                _health_text(slot.readiness),
+                *(_at_doors_text(slot.at_doors.get(node, AtDoor()),
+                                 door.stat_errors.get(node)) for node in door.doors),
+                Text("ok", style="green") if not slot.problems
+                else Text("; ".join(slot.problems), style="red"))
+    else:
+        for column in ("slot", "role", "url", "container", "ready", "at door", "in flight",
+                       "check", "since", "verdict"):
+            slots.add_column(column, no_wrap=column != "verdict")
+        for slot in door.slots:
+            slots.add_row(
+                slot.name, slot.role, slot.url, _container_text(slot.container),
+                _health_text(slot.readiness), _at_door_text(slot.at_door, door.stat_error),
+                "-" if slot.sessions is None else str(slot.sessions), slot.check or "-",
+                duration(slot.since_change),
+                Text("ok", style="green") if not slot.problems
+                else Text("; ".join(slot.problems), style="red"))
     lines.append(slots)
     asked = [slot for slot in door.slots if slot.members is not None]
     if asked:

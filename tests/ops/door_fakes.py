@@ -119,6 +119,9 @@ class AdminSocket:
                 connection.sendall(answer.encode())
 
     def stop(self) -> None:
+        """Its socket gone, as a dead door's (idempotent)."""
+        if self._stopped:
+            return
         self._stopped = True
         self.server.close()
         try:
@@ -301,9 +304,10 @@ def certificate_pair(directory: Path, host: str) -> tuple[str, ssl.SSLContext]:
 class DoorStack:
     """mc-master, one prefill and one decode group (a rank each), the door and its two slots.
     TWO_NODES: the door on ROUTER_NODE and OTHER_DOOR_NODE (slot b there), each with its
-    keepalived, and the door's port on VIRTUAL_IP, held by the nodes in `holders` (what their
-    `ip -o -4 addr show` lists) while each keepalived's state file says what `keepalived(...)`
-    last wrote."""
+    keepalived and its own runtime API (`admins`), and the door's port on VIRTUAL_IP, held by
+    the nodes in `holders` (what their `ip -o -4 addr show` lists; the port answers as the
+    holder's door would) while each keepalived's state file says what `keepalived(...)` last
+    wrote."""
 
     def __init__(self, directory: Path, tls: bool = False, two_nodes: bool = False) -> None:
         self.two_nodes = two_nodes
@@ -325,7 +329,9 @@ class DoorStack:
                                                "door", "router-a", "router-b")}
         self.addresses: dict[str, list[str]] = {}
         self.state_files: dict[str, Path] = {}
+        self.admins = {ROUTER_NODE: self.admin}
         if two_nodes:
+            self.admins[OTHER_DOOR_NODE] = AdminSocket()
             self.other_exporter = HealthOnly(OTHER_DOOR_NODE)
             self.containers |= {role: FakeContainer() for role in
                                 (OTHER_DOOR, "keepalived", OTHER_KEEPALIVED)}
@@ -339,6 +345,8 @@ class DoorStack:
         """The virtual IP is on these door nodes' interfaces (none, one, or both: split brain)."""
         for node in (ROUTER_NODE, OTHER_DOOR_NODE):
             self.addresses[node] = [node, VIRTUAL_IP] if node in nodes else [node]
+        if len(nodes) == 1:
+            self.door.admin = self.admins[nodes[0]]
 
     def keepalived(self, node: str, state: str) -> None:
         """What keepalived's notify script last wrote on NODE."""
@@ -401,6 +409,7 @@ class DoorStack:
         door["nodes"] = {
             node: {"role": door_role, "container": "kimipd-door",
                    "metricsUrl": exporter.url + "/metrics",
+                   "adminSocket": self.admins[node].path,
                    "keepalived": {"role": keepalived_role, "container": "kimipd-keepalived",
                                   "stateFile": str(self.state_files[node])},
                    "peer": peer}
@@ -434,4 +443,5 @@ class DoorStack:
         for server in (self.master, *self.groups.values(), *self.slots.values(), self.exporter,
                        self.door, *others):
             server.stop()
-        self.admin.stop()
+        for admin in self.admins.values():
+            admin.stop()

@@ -292,6 +292,13 @@ def test_the_door_on_two_nodes_is_read_with_its_virtual_ip() -> None:
     assert [ref.role for ref in topology.select(["keepalived"])] == [
         "keepalived", "keepalived-10-0-0-2"]
     assert [ref.role for ref in topology.select(["door"])] == ["door", "door-10-0-0-2"]
+    # Each door's runtime API on its node: the entry's own, else the door's (an output of
+    # before the entries named one).
+    outputs = two_door_nodes_outputs()
+    outputs["door"]["nodes"]["10.0.0.2"]["adminSocket"] = "/opt/kimipd/router-31000/door/b.sock"
+    assert [(n.address, n.admin_socket) for n in Topology.from_outputs("s", outputs).door.nodes
+            ] == [(DOOR_NODE, outputs["door"]["adminSocket"]),
+                  ("10.0.0.2", "/opt/kimipd/router-31000/door/b.sock")]
     # One door node: neither.
     single = Topology.from_outputs("s", door_outputs()).door
     assert single is not None and (single.nodes, single.virtual_ip) == ((), None)

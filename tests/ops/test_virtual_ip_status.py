@@ -237,3 +237,86 @@ def test_router_node_s_door_dead_and_the_address_moved_is_degraded_not_down(
     assert report.virtual_ip.problems == [
         f"keepalived on {ROUTER_NODE} is FAULT (its door does not answer /health, or bond1 is "
         "down): it cannot take the address"]
+
+
+# -- each door's view of both slots --------------------------------------------------------------
+
+
+def slots(report) -> dict:
+    return {slot.name: slot for slot in report.door.slots}
+
+
+def test_each_door_s_view_of_both_slots_is_read_on_its_node(stack: DoorStack) -> None:
+    """Each door checks both slots on its own: its runtime API is read on its node, and each
+    slot shows what each door makes of it."""
+    stack.admins[OTHER_DOOR_NODE].servers["slot-a"] = {"scur": "3", "lastchg": "12"}
+    report, nodes = status(stack)
+    assert report.exit_code == OK, (report.notes, report.door.problems)
+    runtime_api = {node: command for node, command in nodes.commands
+                   if command.startswith("python3 ")}
+    assert runtime_api.keys() == {ROUTER_NODE, OTHER_DOOR_NODE}
+    for node, admin in stack.admins.items():
+        assert admin.path in runtime_api[node] and admin.commands == ["show stat"], node
+    a = slots(report)["a"]
+    assert {node: (view.state, view.sessions, view.check, view.since_change)
+            for node, view in a.at_doors.items()} == {
+        ROUTER_NODE: ("UP", 0, "L7OK", 302), OTHER_DOOR_NODE: ("UP", 3, "L7OK", 12)}
+    assert (a.at_door, a.sessions) == ("UP", 0)  # router.node's door's, as with one door node
+    shown = text(report)
+    assert (f"door {stack.door_url} (plain HTTP) on {ROUTER_NODE} (running), "
+            f"{OTHER_DOOR_NODE} (running); GET /health 200") in shown
+    assert f"at the door on {ROUTER_NODE}" in shown and f"at the door on {OTHER_DOOR_NODE}" in shown
+    assert "UP, 3 in flight, L7OK, 12s" in shown and "UP, 0 in flight, L7OK, 5m02s" in shown
+    document = report.as_json()["door"]
+    assert document["slots"][0]["atDoors"][OTHER_DOOR_NODE] == {
+        "state": "UP", "sessions": 3, "check": "L7OK", "sinceChangeSeconds": 12}
+    assert document["runtimeApiErrors"] == {}
+
+
+def test_a_slot_one_door_sees_down_says_which_door(stack: DoorStack) -> None:
+    """The other door still sends it requests: degraded, not a slot out."""
+    stack.admins[ROUTER_NODE].servers["slot-b"] = {"status": "DOWN", "check_status": "L4TOUT"}
+    report, _ = status(stack)
+    assert (report.exit_code, report.verdict) == (DEGRADED, "degraded")
+    b = slots(report)["b"]
+    assert b.serving and b.problems == [f"DOWN at the door on {ROUTER_NODE}"]
+    assert report.door.problems == []
+    assert [slot.name for slot in report.door.serving_slots] == ["a", "b"]
+    assert "DOWN, 0 in flight, L4TOUT" in text(report)
+
+
+def test_the_holder_s_door_sending_to_no_slot_is_down(stack: DoorStack) -> None:
+    """Every request reaches the holder's door, which fails it, however the other door sees
+    the slots."""
+    for server in ("slot-a", "slot-b"):
+        stack.admins[ROUTER_NODE].servers[server] = {"status": "DOWN"}
+    report, _ = status(stack)
+    assert (report.exit_code, report.verdict) == (DOWN, "down")
+    assert report.notes[0] == (f"no slot serves at the door on {ROUTER_NODE}, which holds the "
+                               "virtual IP: every request fails")
+    assert f"the door on {ROUTER_NODE} sends to no slot" in report.door.problems
+    assert report.door.answer.status == 503  # HAProxy itself, on the holder
+
+
+def test_the_other_door_sending_to_no_slot_is_degraded(stack: DoorStack) -> None:
+    """Nothing reaches it until the address moves there: a spare that would fail."""
+    for server in ("slot-a", "slot-b"):
+        stack.admins[OTHER_DOOR_NODE].servers[server] = {"status": "DOWN"}
+    report, _ = status(stack)
+    assert (report.exit_code, report.verdict) == (DEGRADED, "degraded")
+    assert report.door.problems == [f"the door on {OTHER_DOOR_NODE} sends to no slot"]
+    assert report.path is not None and report.path.ok
+
+
+def test_one_door_s_runtime_api_unread_leaves_the_other_s_view(stack: DoorStack) -> None:
+    stack.admins[OTHER_DOOR_NODE].stop()
+    report, _ = status(stack)
+    assert (report.exit_code, report.verdict) == (DEGRADED, "degraded")
+    (error,) = report.door.stat_errors.values()
+    assert list(report.door.stat_errors) == [OTHER_DOOR_NODE]
+    assert error.endswith("[Errno 2] No such file or directory")
+    assert report.door.problems == [f"runtime API on {OTHER_DOOR_NODE}: {error}"]
+    assert report.door.stat_error == f"{OTHER_DOOR_NODE}: {error}"
+    assert all(slot.at_doors[ROUTER_NODE].state == "UP" and slot.serving
+               and slot.at_doors[OTHER_DOOR_NODE].state is None for slot in report.door.slots)
+    assert "unknown" in text(report)

@@ -245,16 +245,20 @@ def test_the_door_output_lists_both_door_nodes_and_the_virtual_ip(run: Run) -> N
     door = run.stack_outputs["door"]
     assert (door["url"], door["node"], door["container"]) == (
         f"http://{VIP}:31000", ROUTER_NODE, "kimipd-door")
-    # stateFile: what keepalived's notify script writes and `kimipd status` reads there.
+    # stateFile: what keepalived's notify script writes and `kimipd status` reads there;
+    # adminSocket: each door's runtime API on its node (status reads both doors' views).
     state_file = "/opt/kimipd/router-31000/vip/state"
+    socket = "/opt/kimipd/router-31000/door/admin.sock"
     assert door["nodes"] == {
         ROUTER_NODE: {"role": "door", "container": "kimipd-door",
                       "metricsUrl": f"http://{ROUTER_NODE}:29100/metrics",
+                      "adminSocket": socket,
                       "keepalived": {"role": "keepalived", "container": "kimipd-keepalived",
                                      "stateFile": state_file},
                       "peer": OTHER},
         OTHER: {"role": OTHER_DOOR, "container": "kimipd-door",
                 "metricsUrl": f"http://{OTHER}:29100/metrics",
+                "adminSocket": socket,
                 "keepalived": {"role": OTHER_KEEPALIVED,
                                "container": "kimipd-keepalived", "stateFile": state_file},
                 "peer": ROUTER_NODE}}
