@@ -24,14 +24,17 @@ echo "debootstrap $*" >> "$FAKE_CALLS"
 args=("$@"); target=${args[-2]}
 mkdir -p "$target/usr/sbin" "$target/bin" "$target/etc" "$target/usr/share/doc/keepalived"
 printf '#!/bin/sh\\n' > "$target/usr/sbin/keepalived"; chmod +x "$target/usr/sbin/keepalived"
-[ -n "${FAKE_NO_BASH:-}" ] || { printf '#!/bin/sh\\n' > "$target/bin/bash"; chmod +x "$target/bin/bash"; }
+if [ -z "${FAKE_NO_BASH:-}" ]; then
+  printf '#!/bin/sh\\n' > "$target/bin/bash"; chmod +x "$target/bin/bash"
+fi
 echo copyright > "$target/usr/share/doc/keepalived/copyright"
 """
 FAKE_DOCKER = f"""#!/usr/bin/env bash
 echo "docker $*" >> "$FAKE_CALLS"
 case "$1" in
   import) cat > "$FAKE_CALLS.tar"; echo sha256:1234 ;;
-  push) echo "The push refers to repository [${{2%:*}}]"; echo "${{2##*:}}: digest: {DIGEST} size: 528" ;;
+  push) echo "The push refers to repository [${{2%:*}}]"
+        echo "${{2##*:}}: digest: {DIGEST} size: 528" ;;
   *) exit 1 ;;
 esac
 """
