@@ -330,9 +330,11 @@ def test_a_rotated_key_replaces_every_key_file_and_the_old_key_stops_working(
         replaced = {name for name in events.changed() if name.endswith("-sglang-api-key")}
         assert len(replaced) == len(NODES), events.changed()
         after = container_ids(sim)
-        # Both router slots and every SGLang rank restarted with it; the Mooncake master and the
-        # door (HAProxy passes the header on to a slot) take no key.
-        keyless = {"kimipd-mooncake-master", "kimipd-door"}
+        # Both router slots and every SGLang rank restarted with it; the Mooncake master, the
+        # doors (HAProxy passes the header on to a slot) and keepalived take no key.
+        keyless = {name for name in before
+                   if name.startswith(("kimipd-mooncake-master", "kimipd-door",
+                                       "kimipd-keepalived"))}
         assert set(after) == set(before) and all(after[name] == before[name] for name in keyless)
         assert all(after[name] != before[name] for name in before if name not in keyless)
         assert (generate_status(ROUTER_API_KEY), generate_status(new_key)) == (401, 200)
