@@ -132,6 +132,10 @@ class AdminSocket:
 
 
 class _QuietServer(ThreadingHTTPServer):
+    # status probes every row at once; with socketserver's backlog of 5, a busy machine (the
+    # other test session beside) once saw a probe's connection dropped unanswered.
+    request_queue_size = 128
+
     def handle_error(self, request, client_address) -> None:
         # A health checker (HAProxy's) that resets the connection once it has the status line.
         pass
