@@ -176,6 +176,11 @@ def door_haproxy_config(cfg: ClusterConfig) -> str:
     return "\n".join(lines) + "\n"
 
 
+def container_running(name: str) -> str:
+    """A shell test: the container NAME exists and runs."""
+    return f"[ \"$(docker inspect -f '{{{{.State.Running}}}}' {name} 2>/dev/null)\" = true ]"
+
+
 def reload_door_command(cfg: ClusterConfig) -> str:
     """A running door re-reads its files: the slots' states saved first (a reload would forget
     a drain), then SIGUSR2 to the master, which keeps the listening sockets (no connection
@@ -183,7 +188,7 @@ def reload_door_command(cfg: ClusterConfig) -> str:
     door = shell([container_name(DOOR)])
     save = shell(["sh", "-c", f"echo 'show servers state' | socat stdio "
                   f"{door_admin_socket(cfg)} > {door_state_file(cfg)}"])
-    return (f"if [ \"$(docker inspect -f '{{{{.State.Running}}}}' {door} 2>/dev/null)\" = true ]; "
+    return (f"if {container_running(door)}; "
             f"then docker exec {door} {save} && docker kill --signal USR2 {door} >/dev/null; fi")
 
 
@@ -267,7 +272,7 @@ def door_bridge_command(cfg: ClusterConfig, image: str) -> str:
     grace = cfg.router.drain_timeout_seconds + 5
     return "\n".join([
         "set -eu",
-        f"if [ \"$(docker inspect -f '{{{{.State.Running}}}}' {door} 2>/dev/null)\" != true ]; "
+        f"if ! {container_running(door)}; "
         "then echo 'no door runs: nothing to hand over'; exit 0; fi",
         f"if docker inspect {bridge} >/dev/null 2>&1; then",
         f"  timeout {grace} docker wait {bridge} >/dev/null 2>&1 || true",
@@ -282,8 +287,7 @@ def door_bridge_command(cfg: ClusterConfig, image: str) -> str:
         f"  if docker logs {bridge} 2>&1 | grep -q 'Loading success'; then",
         "    echo 'the bridge holds the listening sockets'; exit 0",
         "  fi",
-        f"  if [ \"$(docker inspect -f '{{{{.State.Running}}}}' {bridge} 2>/dev/null)\" != true ]; "
-        "then break; fi",
+        f"  if ! {container_running(bridge)}; then break; fi",
         "  sleep 0.5",
         "done",
         f"docker logs --tail 20 {bridge} >&2 2>&1 || true",
@@ -300,10 +304,10 @@ def door_bridge_retire_command() -> str:
     stop; it finishes its open streams and removes itself (--rm). A new door that has not
     loaded leaves the bridge serving, and fails here."""
     bridge, door = container_name(DOOR_BRIDGE), container_name(DOOR)
-    running = "[ \"$(docker inspect -f '{{{{.State.Running}}}}' {} 2>/dev/null)\" = true ]"
     return "\n".join([
-        f"if ! {running.format(bridge)}; then echo 'no bridge'; exit 0; fi",
-        f"if {running.format(door)} && docker logs {door} 2>&1 | grep -q 'Loading success'; then",
+        f"if ! {container_running(bridge)}; then echo 'no bridge'; exit 0; fi",
+        f"if {container_running(door)} && "
+        f"docker logs {door} 2>&1 | grep -q 'Loading success'; then",
         f"  docker kill --signal USR1 {bridge} >/dev/null && echo 'the bridge stops softly'",
         "else",
         f"  echo 'the new door has not loaded: {bridge} goes on serving' >&2; exit 1",
