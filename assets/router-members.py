@@ -31,7 +31,8 @@ and not drained (the markers name them), so a change that replaces the router an
 (an image, restartGeneration) still rolls the groups behind a router that serves. With the door
 there are two routers, the slots, and a group is registered with both: drain removes it from
 every slot that answers, once each of them has a healthy peer; admit registers it with every
-slot that answers.
+slot, waiting --silent-grace (60 s) for one that does not answer: a slot replaced meanwhile
+skips the group in its restore (out for its replacement), so only this admission gives it back.
 """
 
 from __future__ import annotations
@@ -188,20 +189,36 @@ def drain(args, routers: list[Router], state: State) -> int:
 
 
 def admit(args, routers: list[Router], state: State) -> int:
-    """Registered and healthy in every router (slot) that answers; one being replaced gets the
-    group from its own restore."""
+    """Registered and healthy in every router (slot). One that does not answer is waited for a
+    grace (a slot replaced meanwhile skipped this group in its restore); one silent for longer
+    is dead, and gets the group from its own restore once it is replaced."""
     group, mode, url = args.group, args.mode, args.url
     posted: set[str] = set()
+    silent_since: dict[str, float] = {}
+    # Within the gate's timeout, so that a dead slot delays the admission but never fails it.
+    grace = min(args.silent_grace, args.timeout / 2)
 
     def not_yet() -> str | None:
         live = answering(routers)
+        now = time.monotonic()
+        for router in routers:
+            if any(router is answered for answered, _ in live):
+                silent_since.pop(router.url, None)
+            else:
+                silent_since.setdefault(router.url, now)
+        awaited = sorted(u for u, since in silent_since.items()
+                         if now - since < grace)
         mine = {router.url: registered(workers, url) for router, workers in live}
         if live and all(any(w.get("is_healthy") for w in found) for found in mine.values()):
-            return None
+            if not awaited:
+                return None
         for router, _ in live:
             if not mine[router.url] and router.url not in posted:
                 register(router, group, url, mode, args.bootstrap_port)
                 posted.add(router.url)
+        if live and awaited and all(mine.values()):
+            return (f"{', '.join(awaited)} does not answer: waiting up to "
+                    f"{grace:g}s to register there too")
         return ("no router answers" if not live
                 else "registered, not yet healthy" if all(mine.values())
                 else "registration queued")
@@ -210,6 +227,9 @@ def admit(args, routers: list[Router], state: State) -> int:
                lambda why, elapsed: f"{group} ({url}) not healthy in the router after "
                                     f"{elapsed:.0f}s: {why}",
                say=lambda why: log(f"{group}: {why}"))
+    for silent in sorted(silent_since):
+        log(f"{group}: {silent} has not answered for {grace:g}s: admitted without "
+            "it; its restore registers the group when it is replaced")
     with state.locked():
         gave_back = state.give_back(mode, group)
     log(f"{group}: admitted, healthy in {routers_said(len(answering(routers)))} ({url})"
@@ -261,6 +281,7 @@ def main() -> int:
                         default="one-group-at-a-time")
     parser.add_argument("--drain-timeout", type=float, default=600)
     parser.add_argument("--expect", action="append", default=[])
+    parser.add_argument("--silent-grace", type=float, default=60)
     args = parser.parse_args()
     state = State(args.state_dir)
     if args.action == "want":

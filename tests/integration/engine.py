@@ -210,6 +210,19 @@ def kimipd(project: Project, stack_name: str, *args: str,
     return result
 
 
+def status_problems(report: dict) -> dict:
+    """What `status --json` found wrong, for an assertion's message: each container's, the
+    door's and each slot's, the virtual IP's, and the notes."""
+    door = report.get("door") or {}
+    found = {row["container"] + "@" + row["node"]: row["problems"]
+             for row in report.get("containers", []) if row.get("problems")}
+    found |= {"door": door.get("problems"), "notes": report.get("notes"),
+              "virtualIp": (report.get("virtualIp") or {}).get("problems")}
+    found |= {f"slot {slot['slot']}": slot.get("problems")
+              for slot in door.get("slots", [])}
+    return {key: value for key, value in found.items() if value}
+
+
 def container_ids(sim: SimCluster) -> dict[str, str]:
     """container name -> "ID STATE" on every node; a name on more than one node (the door and
     keepalived on two door nodes) is NAME on the first and NAME@NODE on the others."""

@@ -82,16 +82,19 @@ class Cluster:
                                     SGLANG_STANDIN_LOAD_SECONDS="0", **env))
         self.urls[name] = f"http://127.0.0.1:{port}"
 
-    def start_router(self, python: Path) -> None:
-        port = free_port()
-        self.router = f"http://127.0.0.1:{port}"
-        self.start("router", [str(python), str(REPO / "assets" / "router-launch.py"),
+    def start_router(self, python: Path, port: int | None = None, name: str = "router") -> str:
+        """A real router on PORT (a free one unless said); the first one is self.router."""
+        port = port or free_port()
+        url = f"http://127.0.0.1:{port}"
+        self.router = self.router or url
+        self.start(name, [str(python), str(REPO / "assets" / "router-launch.py"),
                               "--api-key-file", str(self.key_file), "--", "--pd-disaggregation",
                               "--policy", "round_robin", "--host", "127.0.0.1", "--port",
                               str(port), "--prometheus-port", str(free_port())],
                    dict(os.environ, HF_HUB_OFFLINE="1", HF_ENDPOINT="http://127.0.0.1:9",
                         NO_PROXY="*"))
-        wait_until(lambda: answers(self.router + "/health") == 200, 30, "router up")
+        wait_until(lambda: answers(url + "/health") == 200, 30, f"{name} up")
+        return url
 
     def members(self, action: str, name: str = "", *extra: str,
                 timeout: float = 20) -> subprocess.CompletedProcess:
@@ -105,8 +108,8 @@ class Cluster:
                 argv += ["--bootstrap-port", self.bootstrap[name]]
         return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
 
-    def healthy(self) -> set[str]:
-        request = urllib.request.Request(self.router + "/workers",
+    def healthy(self, router: str = "") -> set[str]:
+        request = urllib.request.Request((router or self.router) + "/workers",
                                          headers={"Authorization": f"Bearer {KEY}"})
         with urllib.request.urlopen(request, timeout=5) as response:
             listing = json.load(response)
@@ -158,6 +161,37 @@ def test_admission_registers_each_group_and_the_router_becomes_ready(cluster: Cl
                                            for arg in ("--expect", url)])
     assert ready.returncode == 0, ready.stderr
     assert cluster.healthy() == set(cluster.urls)
+
+
+def test_admission_waits_for_a_slot_that_answers_late(cluster: Cluster) -> None:
+    """The other slot, replaced while decode-b was out (its restore skipped decode-b), answers
+    only 3 s into the admission: decode-b is registered there too, not left out for good."""
+    port = free_port()
+    late = f"http://127.0.0.1:{port}"
+    python = Path(os.environ["KIMIPD_REAL_SGLANG_VENV"]) / "bin" / "python"
+    starter = threading.Timer(3.0, cluster.start_router, args=(python, port, "router-late"))
+    starter.start()
+    try:
+        admitted = cluster.members("admit", "decode-b", "--router", late, timeout=60)
+        assert admitted.returncode == 0, admitted.stderr
+        assert "does not answer: waiting up to 30s" in admitted.stdout, admitted.stdout
+        assert "decode-b: admitted, healthy in 2 routers" in admitted.stdout, admitted.stdout
+        assert "decode-b" in cluster.healthy(late)
+    finally:
+        starter.join()
+        late_router = cluster.by_name["router-late"]
+        late_router.terminate()
+        late_router.wait(10)
+
+
+def test_admission_goes_on_without_a_slot_silent_past_the_grace(cluster: Cluster) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    admitted = cluster.members("admit", "decode-b", "--router", dead, "--silent-grace", "1")
+    assert admitted.returncode == 0, admitted.stderr
+    assert f"{dead} has not answered for 1s: admitted without it" in admitted.stdout
+    assert 1.0 <= time.monotonic() - started < 15
+    assert "decode-b" in cluster.healthy()
 
 
 def test_the_lease_lets_one_group_of_a_mode_out_at_a_time(cluster: Cluster) -> None:
