@@ -114,6 +114,9 @@ def alertmanager_yaml(cfg: ObservabilityConfig) -> str:
             {"source_matchers": ["alertname=KimipdDoorDown"],
              "target_matchers": ["alertname=KimipdTargetDown", "role=door"],
              "equal": ["stack"]},
+            {"source_matchers": ["alertname=KimipdDoorSpareDown"],
+             "target_matchers": ["alertname=KimipdTargetDown", "role=door"],
+             "equal": ["stack", "node"]},
             # A lost node: every target there is down; the node's alert says it once.
             {"source_matchers": ["alertname=KimipdNodeLost"],
              "target_matchers": ["alertname=KimipdTargetDown"], "equal": ["stack", "node"]},

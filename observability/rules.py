@@ -177,12 +177,26 @@ def alert_rules(alerts: AlertsSpec, ttft_seconds: float, ttft_source: str) -> li
               "scripts/kimipd status -s {{ $labels.stack }}; scripts/kimipd logs -s "
               "{{ $labels.stack }} --role door --role router; see the groups' and the routers' "
               "alerts"),
-        # The door itself gone (its exporter, on the port of its /health, unanswered): no
-        # request gets in at all, whatever the slots. 15 s, as KimipdDoorNoSlotUp.
-        alert("KimipdDoorDown", f'up{{job="{JOB}", role="door"}} == 0',
+        # The door itself gone (its exporter, on the port of its /health, unanswered), and no
+        # other door of the stack answers: no request gets in at all, whatever the slots. 15 s,
+        # as KimipdDoorNoSlotUp.
+        alert("KimipdDoorDown",
+              f'up{{job="{JOB}", role="door"}} == 0 '
+              f'unless on (stack) (up{{job="{JOB}", role="door"}} == 1)',
               alerts.door_no_slot_up_for_seconds, "critical",
               "the door of {{ $labels.stack }} ({{ $labels.instance }}) does not answer: no "
               "request gets in",
+              "scripts/kimipd status -s {{ $labels.stack }}; scripts/kimipd logs -s "
+              "{{ $labels.stack }} --role door; scripts/kimipd reconcile heals a dead door"),
+        # One of two doors gone while the other answers: its keepalived sees its door down and
+        # gives the virtual IP up within a second, so clients go on through the other; a lost
+        # spare, as KimipdDoorSlotDown, and as long.
+        alert("KimipdDoorSpareDown",
+              f'up{{job="{JOB}", role="door"}} == 0 '
+              f'and on (stack) (up{{job="{JOB}", role="door"}} == 1)',
+              alerts.door_slot_down_for_seconds, "warning",
+              "the door on {{ $labels.node }} of {{ $labels.stack }} does not answer: the other "
+              "door node serves the virtual IP alone",
               "scripts/kimipd status -s {{ $labels.stack }}; scripts/kimipd logs -s "
               "{{ $labels.stack }} --role door; scripts/kimipd reconcile heals a dead door"),
         # The door's virtual IP (reconcile's metrics, see the module's docstring). Two holders:

@@ -198,6 +198,9 @@ def test_alertmanager_sends_every_alert_to_the_webhook() -> None:
         ("alertname=KimipdDoorDown", ("alertname=~KimipdDoorSlotDown|KimipdDoorNoSlotUp",),
          ("stack",)),
         ("alertname=KimipdDoorDown", ("alertname=KimipdTargetDown", "role=door"), ("stack",)),
+        # One of two doors down: a lost spare, its own target says nothing more.
+        ("alertname=KimipdDoorSpareDown", ("alertname=KimipdTargetDown", "role=door"),
+         ("stack", "node")),
         # A lost node's targets are all down; the node's alert says it once.
         ("alertname=KimipdNodeLost", ("alertname=KimipdTargetDown",), ("stack", "node"))}
 
