@@ -1,16 +1,17 @@
 """B6: what clients see behind the door (router.door, docs/door.md) while the cluster changes, the
 rust router beside MiniLB.
 
-For each router kind a 2P2D stack on the sim (Pulumi.sim-2p2d.yaml with the door in front of two
-router slots, decode at 26 tokens/s), and in it:
+For each router kind a 2P2D stack on the sim (Pulumi.sim-2p2d.yaml as shipped: a door and a router
+slot on each of two nodes behind a virtual IP, decode at 26 tokens/s), and in it:
 - the door's overhead: a small non-streamed /generate through the door against straight to slot
   a's own port, alternating, one request at a time, each sent in one segment (bench/load.py);
-- three scenarios, each under a bounded open-loop load from this machine through the door
-  (bench/load.py: RATE requests/s, every other one streamed), LEAD seconds of it before and
+- four scenarios, each under a bounded open-loop load from this machine through the virtual
+  IP (bench/load.py: RATE requests/s, every other one streamed), LEAD seconds of it before and
   after: (a) one router flag (the slots roll one at a time), (b) restartGeneration (every group
-  and both slots replaced, the door kept), (c) slot a's router SIGKILLed, then one `kimipd
+  and both slots replaced, the doors kept), (c) slot a's router SIGKILLed, then one `kimipd
   reconcile` pass (ops/reconcile.py, run in this process so that its engine events are seen)
-  heals it.
+  heals it, (d) router.node (a door, slot a, a decode rank) lost: its link on the sim bridge
+  cut for LOST_SECONDS, then back, then one reconcile pass.
 Per scenario: requests sent, failed by status or error, failed among those open at the kill,
 p50/p99 latency of the whole answers, the up's (the heal's) wall time, and a timeline
 (bench/timeline.py) of what a sampler thread recorded meanwhile: the door's slots UP (its
@@ -24,6 +25,7 @@ import http.client
 import json
 import os
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -57,10 +59,15 @@ SCENARIOS = {
     "router-flag": "(a) one router flag",
     "every-container": "(b) restartGeneration: every group and both slots",
     "slot-killed": "(c) slot a SIGKILLed, one reconcile pass",
+    "router-node-lost": "(d) router.node's link cut for 60 s, one reconcile pass",
 }
 LEAD_SECONDS = 2.0
 # After the kill, before reconcile's pass: the door's checks mark the slot DOWN meanwhile.
 KILLED_SECONDS = 5.0
+# router.node's link down this long (as tests/integration/test_door.py), then up this long
+# before reconcile's pass: keepalived there sees the holder's adverts and stays BACKUP.
+LOST_SECONDS = 60.0
+BACK_SECONDS = 5.0
 SAMPLE_SECONDS = 0.5
 OVERHEAD_PAIRS = 300
 # Engine steps that change nothing (or only read).
@@ -285,10 +292,28 @@ def environment(env: Mapping[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
+def reconcile_pass(bench: SimBench, name: str, work: Path, run: Run) -> None:
+    """One `kimipd reconcile` pass (no grace, no hands-off window after our own ups), as the
+    tests of the door run it; its wall time and decision into RUN."""
+    directory = bench.project.directory
+    limits = Limits(grace_seconds=0, human_window_seconds=0)
+    with (work / f"reconcile-{name}.jsonl").open("a") as journal, \
+            environment(bench.project.env):
+        settings = Settings(stack=name, project_dir=directory, limits=limits, dry_run=False,
+                            state_file=work / f"reconcile-{name}.json", log=journal)
+        reconciler = Reconciler(
+            settings, lambda: load_stack(name, directory),
+            lambda access: SshTransport(access, connect_timeout=5.0),
+            engine_factory=lambda: StackEngine(name, directory, on_event=run.engine))
+        started = run.mark("reconcile pass")
+        decision = reconciler.run_pass()
+    run.wall = run.mark(f"reconcile: {decision.kind}") - started
+    run.decision = f"{decision.kind}: {decision.message}"
+
+
 def killed_and_healed(bench: SimBench, name: str, probes: Probes,
                       work: Path) -> Callable[[Run], None]:
-    """SIGKILL of slot a's router container, then one `kimipd reconcile` pass (no grace, no
-    hands-off window after our own ups), as the test of the door does it."""
+    """SIGKILL of slot a's router container, then one reconcile pass."""
     container = probes.slots["a"]["container"]
 
     def act(run: Run) -> None:
@@ -297,20 +322,34 @@ def killed_and_healed(bench: SimBench, name: str, probes: Probes,
         run.kill = (sent, time.monotonic())
         assert killed.returncode == 0, killed.stderr
         time.sleep(KILLED_SECONDS)
-        directory = bench.project.directory
-        limits = Limits(grace_seconds=0, human_window_seconds=0)
-        with (work / f"reconcile-{name}.jsonl").open("a") as journal, \
-                environment(bench.project.env):
-            settings = Settings(stack=name, project_dir=directory, limits=limits, dry_run=False,
-                                state_file=work / f"reconcile-{name}.json", log=journal)
-            reconciler = Reconciler(
-                settings, lambda: load_stack(name, directory),
-                lambda access: SshTransport(access, connect_timeout=5.0),
-                engine_factory=lambda: StackEngine(name, directory, on_event=run.engine))
-            started = run.mark("reconcile pass")
-            decision = reconciler.run_pass()
-        run.wall = run.mark(f"reconcile: {decision.kind}") - started
-        run.decision = f"{decision.kind}: {decision.message}"
+        reconcile_pass(bench, name, work, run)
+    return act
+
+
+def sim_link(node: str, up: bool) -> None:
+    """The host side of NODE's veth on the sim bridge (sim/sim: kpdvN for 10.231.60.N)."""
+    link = "kpdv" + node.rsplit(".", 1)[-1]
+    subprocess.run(["ip", "link", "set", link, "up" if up else "down"], check=True)
+
+
+def node_lost_and_healed(bench: SimBench, name: str, probes: Probes,
+                         work: Path) -> Callable[[Run], None]:
+    """router.node's link cut for LOST_SECONDS (the other door node takes the virtual IP), put
+    back, then one reconcile pass (what the cut left broken there). The cut counts as the kill:
+    the requests open on the node at it are the ones it may fail."""
+    node = probes.door_node
+
+    def act(run: Run) -> None:
+        sent = run.mark(f"link of {node} cut")
+        try:
+            sim_link(node, up=False)
+            run.kill = (sent, time.monotonic())
+            time.sleep(LOST_SECONDS)
+        finally:
+            sim_link(node, up=True)
+        run.mark(f"link of {node} back")
+        time.sleep(BACK_SECONDS)
+        reconcile_pass(bench, name, work, run)
     return act
 
 
@@ -334,14 +373,19 @@ def door_overhead(probes: Probes, pairs: int = OVERHEAD_PAIRS) -> dict[str, Any]
 
 # -- the run --------------------------------------------------------------------------------------
 
-def door_values(bench: SimBench, kind: str, door_image: str) -> dict[str, Any]:
-    """Pulumi.sim-2p2d.yaml with the door and router KIND; streams long enough to be open while
-    a slot drains or dies (26 tokens at 26 tokens/s, as tests/integration/test_door.py)."""
+def door_values(bench: SimBench, kind: str, door_image: str,
+                keepalived_image: str) -> dict[str, Any]:
+    """Pulumi.sim-2p2d.yaml (the door on two nodes) with router KIND and the sim's door and
+    keepalived images; streams long enough to be open while a slot drains or dies (26 tokens
+    at 26 tokens/s, as tests/integration/test_door.py)."""
     values = follow_cache(read_stack_file(REPO / "Pulumi.sim-2p2d.yaml"))
     values["image"] = bench.sim["KIMIPD_SIM_IMAGE"]
     values["container"]["env"] = {**values["container"]["env"],
                                   "SGLANG_STANDIN_DECODE_TOKENS_PER_S": "26"}
-    router = values["router"] | {"kind": kind, "door": {"image": door_image}}
+    door = values["router"]["door"] | {"image": door_image}
+    if door.get("virtualIp") is not None:
+        door["virtualIp"] = door["virtualIp"] | {"image": keepalived_image}
+    router = values["router"] | {"kind": kind, "door": door}
     if kind == "mini-lb":
         # MiniLB refuses the rust router's settings (policy, health checks).
         router = {key: value for key, value in router.items()
@@ -354,11 +398,12 @@ def measure(work: Path, rate: float, plots: Path | None = None) -> dict[str, Any
     """Every kind's overhead and scenarios; their timelines drawn into PLOTS as
     b6-KIND-SCENARIO.png (None: not drawn)."""
     bench = SimBench(work, load_seconds=3, parallel=None, gate_interval=None)
-    door_image = bench.door_image()
-    results: dict[str, Any] = {"rate": rate, "door_image": door_image, "kinds": {}}
+    door_image, keepalived_image = bench.door_image(), bench.keepalived_image()
+    results: dict[str, Any] = {"rate": rate, "door_image": door_image,
+                               "keepalived_image": keepalived_image, "kinds": {}}
     for kind in KINDS:
         name = f"b6-{kind}"
-        values = door_values(bench, kind, door_image)
+        values = door_values(bench, kind, door_image, keepalived_image)
         bench.remove_containers()
         stack = bench.new_stack(name, values)
         try:
@@ -373,8 +418,9 @@ def measure(work: Path, rate: float, plots: Path | None = None) -> dict[str, Any
                         "extraArgs": ["--log-level", "warn"]}})
                 elif scenario == "every-container":
                     bench.project.update_stack(name, {"restartGeneration": 1})
-                act = (killed_and_healed(bench, name, probes, work)
-                       if scenario == "slot-killed" else timed_up(stack))
+                acts = {"slot-killed": killed_and_healed, "router-node-lost": node_lost_and_healed}
+                act = (acts[scenario](bench, name, probes, work) if scenario in acts
+                       else timed_up(stack))
                 row, timeline = run_scenario(f"{kind}: {SCENARIOS[scenario]}", probes, rate, act)
                 log(f"B6 {kind} {scenario}: {row}")
                 kind_results["scenarios"][scenario] = row | {"timeline": asdict(timeline)}
@@ -432,6 +478,8 @@ def render(results: Mapping[str, Any]) -> str:
     lines = ["| scenario | measure | " + " | ".join(kinds) + " |",
              "| --- | --- |" + " --- |" * len(kinds)]
     for scenario, label in SCENARIOS.items():
+        if not all(scenario in results["kinds"][kind]["scenarios"] for kind in kinds):
+            continue  # a run from before the scenario was added
         per_kind = [cells(results["kinds"][kind]["scenarios"][scenario]) for kind in kinds]
         for index, measure_name in enumerate(per_kind[0]):
             lines.append(f"| {label if index == 0 else ''} | {measure_name} | "

@@ -94,10 +94,18 @@ class SimBench:
     def door_image(self) -> str:
         """The door's image (HAProxy from Debian's package), pinned: `sim/sim build-door-image`
         builds it once per its inputs and prints REPO@DIGEST."""
-        result = subprocess.run([str(SIM), "build-door-image"], capture_output=True, text=True,
+        return self._built_image("build-door-image")
+
+    def keepalived_image(self) -> str:
+        """The virtual IP's image (keepalived from Debian's package), pinned, as the door's."""
+        return self._built_image("build-keepalived-image")
+
+    @staticmethod
+    def _built_image(command: str) -> str:
+        result = subprocess.run([str(SIM), command], capture_output=True, text=True,
                                 timeout=900, check=False)
         if result.returncode != 0 or not result.stdout.strip():
-            raise SimUnavailable(f"sim/sim build-door-image failed:\n{result.stderr[-3000:]}")
+            raise SimUnavailable(f"sim/sim {command} failed:\n{result.stderr[-3000:]}")
         return result.stdout.strip().splitlines()[-1]
 
     def remove_containers(self) -> None:

@@ -122,7 +122,10 @@ def b6_results() -> dict[str, Any]:
 
     scenarios = {"router-flag": row({}), "every-container": row({"503": 3, "refused": 1}),
                  "slot-killed": row({"reset": 2}, open_at_kill=7, failed_open_at_kill=2,
-                                    decision="healed: healed router-a in 30s")}
+                                    decision="healed: healed router-a in 30s"),
+                 "router-node-lost": row({"timeout": 9, "reset": 1}, open_at_kill=10,
+                                         failed_open_at_kill=10,
+                                         decision="healed: healed decode-a in 40s")}
     overhead = {"door": {"sent": 300, "failed": 0, "p50": 0.0051, "p99": 0.0093},
                 "slot a": {"sent": 300, "failed": 1, "p50": 0.0047, "p99": 0.0088}}
     return {"rate": 10.0, "kinds": {kind: {"scenarios": copy.deepcopy(scenarios),
@@ -140,6 +143,16 @@ def test_the_table_puts_rust_and_minilb_side_by_side() -> None:
     assert "|  | straight to slot a (300, alternating) | 4.7 / 8.8 (1 failed) | " \
            "4.7 / 8.8 (1 failed) |" in table
     assert not [line for line in table if "open at the kill | -" in line]
+    assert f"| {SCENARIOS['router-node-lost']} | sent | 300 | 300 |" in table
+    assert "|  | failed of those open at the kill | 10 of 10 | 10 of 10 |" in table
+
+
+def test_a_run_from_before_a_scenario_was_added_still_tables() -> None:
+    results = b6_results()
+    for kind in KINDS:
+        del results["kinds"][kind]["scenarios"]["router-node-lost"]
+    table = render(results)
+    assert SCENARIOS["slot-killed"] in table and SCENARIOS["router-node-lost"] not in table
 
 
 def test_a_saved_run_is_drawn_and_tabled_again(tmp_path: Path,
