@@ -223,6 +223,21 @@ def status_problems(report: dict) -> dict:
     return {key: value for key, value in found.items() if value}
 
 
+def settled_status(project: Project, stack_name: str,
+                   within: float = 30) -> tuple[subprocess.CompletedProcess, dict]:
+    """`status --json` until it says serving, for at most WITHIN seconds: right after an `up`,
+    a router's health check (every 2 s on the sim) may not have seen a new worker yet. The last
+    answer; any that was not serving is printed with its problems."""
+    deadline = time.monotonic() + within
+    while True:
+        result = kimipd(project, stack_name, "status", "--json")
+        report = json.loads(result.stdout)
+        if report["verdict"] == "serving" or time.monotonic() >= deadline:
+            return result, report
+        print(f"status {report['verdict']}, again in 3 s: {status_problems(report)}")
+        time.sleep(3)
+
+
 def container_ids(sim: SimCluster) -> dict[str, str]:
     """container name -> "ID STATE" on every node; a name on more than one node (the door and
     keepalived on two door nodes) is NAME on the first and NAME@NODE on the others."""

@@ -32,8 +32,9 @@ from ops.node_out import resources_on, state_resources
 from sim.automation import Project
 from tests.conftest import REPO
 from tests.integration.engine import (  # noqa: F401 - fixtures
-    AUTHORIZED, CONTAINER, SHARED_2P2D, Events, StreamingLoad, container_ids, kimipd, shared_2p2d,
-    shared_2p2d_project, shared_2p2d_sim, shared_2p2d_stack)
+    AUTHORIZED, CONTAINER, SHARED_2P2D, Events, StreamingLoad, container_ids, kimipd,
+    settled_status, shared_2p2d, shared_2p2d_project, shared_2p2d_sim, shared_2p2d_stack,
+    status_problems)
 from tests.integration.sim import SimCluster
 from tests.integration.stranger import STRANGER_NS, stranger_namespace
 
@@ -130,6 +131,8 @@ def test_the_door_serves_through_both_slots_and_status_shows_them(
     # leastconn over two slots: both carried requests.
     served = {name: int(row["stot"]) for name, row in door_servers(sim).items()}
     assert all(count > 0 for count in served.values()), served
+    settled, report = settled_status(project, STACK)
+    assert settled.returncode == 0, status_problems(report)
     status = kimipd(project, STACK, "status")
     assert status.returncode == 0, status.stdout
     assert "serving slots: a, b" in status.stdout, status.stdout

@@ -25,7 +25,8 @@ from sim.automation import Project
 from tests.conftest import REPO
 from tests.integration.engine import (  # noqa: F401 - fixtures
     AUTHORIZED, ROUTER, SHARED_2P2D, container_ids, generate_loop, kimipd, shared_2p2d,
-    shared_2p2d_project, shared_2p2d_sim, shared_2p2d_stack, status_problems)
+    settled_status, shared_2p2d_project, shared_2p2d_sim, shared_2p2d_stack,
+    status_problems)
 from tests.integration.sim import SimCluster
 from tests.ops.loopback import wait_until
 from tests.ops.systemd_unit import SERVICE_BASE_ENV, environment_file, exec_start
@@ -146,8 +147,7 @@ def test_a_dry_run_and_a_recent_update_change_nothing_then_one_pass_heals(
     assert selected.stdout.strip() == "bystander", selected.stdout + selected.stderr
     stack.workspace.remove_stack("bystander")
     # status sends the router's key with its whole-path probe (401 without it).
-    status = kimipd(project, STACK, "status", "--json")
-    report = json.loads(status.stdout)
+    status, report = settled_status(project, STACK)
     assert (status.returncode, report["verdict"], report["generate"]["status"]) == \
         (0, "serving", 200), (report["generate"], status_problems(report))
 
