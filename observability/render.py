@@ -119,7 +119,8 @@ def alertmanager_yaml(cfg: ObservabilityConfig) -> str:
              "equal": ["stack", "node"]},
             # A lost node: every target there is down; the node's alert says it once.
             {"source_matchers": ["alertname=KimipdNodeLost"],
-             "target_matchers": ["alertname=KimipdTargetDown"], "equal": ["stack", "node"]},
+             "target_matchers": ["alertname=~KimipdTargetDown|KimipdDoorSpareDown"],
+             "equal": ["stack", "node"]},
         ],
     }
     return yaml.safe_dump(document, sort_keys=False)
