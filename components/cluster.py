@@ -24,6 +24,7 @@ from .render import (
     router_plan,
     router_slots,
     router_url,
+    restore_command,
     slot_role,
     slot_server,
     sglang_rank_plan,
@@ -208,6 +209,10 @@ def door_output(cfg: ClusterConfig) -> dict[str, object] | None:
         slots[name] = {"url": slot_url(cfg, name), "port": slot.port,
                        "metricsPort": slot.metrics_port, "role": slot_role(name),
                        "container": router_plan(cfg, name).name, "server": slot_server(name)}
+        if cfg.router.kind == "rust":
+            # What reconcile runs on router.node when the slot serves without a group that
+            # serves (the slot's own first step, which honours the rollout's markers).
+            slots[name]["restore"] = restore_command(cfg, name)
         if vip is not None:
             slots[name]["node"] = cfg.slot_node(name)
     output: dict[str, object] = {

@@ -97,7 +97,8 @@ class Decision:
     """One pass's verdict: `kind` is the JSON log's `decision` field."""
 
     kind: str  # healthy | not-serving | grace | limited | backoff | unreachable | heal |
-    #            locked | human-window | pending-changes
+    #            locked | human-window | pending-changes; a slot without a group:
+    #            re-registered | would-register | register-failed | unregistered
     units: tuple[str, ...]
     message: str
     exit_code: int
@@ -132,6 +133,23 @@ def breakages(report: Report) -> dict[str, Breakage]:
             found.setdefault(unit_of(row), []).extend(problems)
     return {unit: Breakage(tuple(problems), unit not in unreachable)
             for unit, problems in found.items()}
+
+
+def missing_from_slots(report: Report) -> dict[str, list[str]]:
+    """Slot role -> the groups that slot's router does not list, for each slot that runs and
+    answered GET /workers. Every container serving and a group still missing from one slot
+    (its admission gave up on a slot that was being replaced) is no container's drift, so
+    `refresh` and `up` would not see it: the slot's restore puts it back."""
+    if report.door is None:
+        return {}
+    missing = {}
+    for slot in report.door.slots:
+        if slot.container != "running" or slot.members is None:
+            continue
+        groups = [member.group for member in slot.members if not member.registered]
+        if groups:
+            missing[slot.role] = groups
+    return missing
 
 
 def unreachable_nodes(report: Report) -> set[str]:

@@ -24,12 +24,16 @@ from prometheus_client.registry import Collector
 from . import status as status_command
 from .heal_policy import (MESSAGE_PREFIX, REFUSED, SERVING, WAITING, Decision, Limits, Memory,
                           assess, breakages, engine_checks, finish_heal, forget_heal,
-                          note_lost_nodes, start_heal, unreachable_nodes)
+                          missing_from_slots, note_lost_nodes, start_heal, unreachable_nodes)
 from .probe import Prober
-from .remote import Transport
+from .remote import RemoteError, Transport
 from .stack import Access, Stack, StackError
 from .stack_engine import HealFailed, StackEngine, StackLocked
 from .virtual_ip import VirtualIpReport, virtual_ip_families
+
+# A slot's restore on router.node: the router answers at once, registering takes a request per
+# missing group.
+RESTORE_TIMEOUT_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -90,8 +94,8 @@ def metric_families(stack: str, memory: Memory, decision: Decision | None,
         last_hour.add_metric([stack, name], len([t for t in unit.heals if now - t < 3600]))
     broken = GaugeMetricFamily("kimipd_reconcile_broken_units",
                                "Units found broken by the last pass.", labels=["stack"])
-    broken.add_metric([stack], len(decision.units) if decision and decision.kind != "healed"
-                      else 0)
+    broken.add_metric([stack], len(decision.units) if decision
+                      and decision.kind not in ("healed", "re-registered") else 0)
     families: list[Metric] = [heals, failures, last_hour, broken]
     failing = GaugeMetricFamily(
         "kimipd_reconcile_heal_failing_resource",
@@ -221,6 +225,8 @@ class Reconciler:
         note_lost_nodes(self.memory, unreachable_nodes(report), now)
         decision = assess(broken, self.memory, self.settings.limits, now,
                           serving=stack.topology.serving and stack.serving_config)
+        if decision.kind == "healthy" and (missing := missing_from_slots(report)):
+            return self._register_again(stack, missing)
         if decision.kind != "heal":
             return decision
         engine = self.engine_factory()
@@ -237,12 +243,57 @@ class Reconciler:
                         "nothing changed")
         return self._heal(engine, decision, fingerprint, record)
 
+    def _register_again(self, stack: Stack, missing: dict[str, list[str]]) -> Decision:
+        """Every container serves and a slot lacks a group: that slot's restore on router.node
+        (what a new slot runs first; it skips a group out for its replacement), outside anyone's
+        update. No refresh, no up: nothing drifted."""
+        door = stack.topology.door
+        assert door is not None  # missing_from_slots found slots
+        units = tuple(sorted(missing))
+        details = {"problems": {role: [f"{group} not registered in {role}" for group in groups]
+                                for role, groups in missing.items()}}
+        lacking = "; ".join(f"{role} lacks {', '.join(groups)}"
+                            for role, groups in sorted(missing.items()))
+        restores = {slot.role: slot.restore for slot in door.slots}
+        if not all(restores.get(role) for role in units):
+            return Decision("unregistered", units,
+                            f"{lacking}, and the stack's outputs name no restore for it: run "
+                            "`scripts/kimipd up` once with this version", REFUSED, details)
+        if self.settings.dry_run:
+            return Decision("would-register", units, f"dry run: {lacking}; would run its "
+                            "restore on router.node; nothing changed", WAITING, details)
+        locks = self.engine_factory().locks()
+        if locks:
+            return Decision("locked", units, f"{lacking}; another update holds the stack's "
+                            f"lock ({'; '.join(locks)}): waiting for it to end", WAITING,
+                            details)
+        transport = self.transport_factory(stack.access)
+        failed = []
+        try:
+            for role in units:
+                try:
+                    result = transport.run(door.node, str(restores[role]),
+                                           RESTORE_TIMEOUT_SECONDS)
+                    if result.status != 0:
+                        failed.append(f"{role}: {result.failure}")
+                except RemoteError as error:
+                    failed.append(f"{role}: {error}")
+        finally:
+            transport.close()
+        if failed:
+            return Decision("register-failed", units, f"{lacking}; its restore on "
+                            f"{door.node} failed: {'; '.join(failed)}", REFUSED, details)
+        return Decision("re-registered", units, f"{lacking}: registered again by its restore "
+                        f"on {door.node} (no container changed)", SERVING, details)
+
     def _status(self, stack: Stack, transport: Transport,
                 prober: Prober) -> status_command.Report:
         # The whole-path probe is left out: alone it heals nothing (see breakages).
         topology = dataclasses.replace(stack.topology, generate_url=None)
+        # The key: each slot's GET /workers, so a slot that lacks a group is seen.
         return status_command.collect(topology, transport, prober,
                                       self.settings.probe_timeout, 0,
+                                      api_key=stack.router_api_key,
                                       router_kind=stack.router_kind)
 
     def _router_sees(self, stack: Stack,

@@ -67,6 +67,8 @@ class Slot:
     container: str  # kimipd-router-a
     server: str  # its server in the door's backend (runtime API), slot-a
     metrics_port: int | None = None
+    # Its restore on router.node (rust): registers every group that should serve and it lacks.
+    restore: str | None = None
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,8 @@ class Door:
                      container=str(entry.get("container") or f"kimipd-{slot_role(str(name))}"),
                      server=str(entry.get("server") or f"slot-{name}"),
                      metrics_port=(int(entry["metricsPort"]) if entry.get("metricsPort")
-                                   is not None else None))
+                                   is not None else None),
+                     restore=str(entry["restore"]) if entry.get("restore") else None)
                 for name, entry in sorted((door.get("slots") or {}).items()))
             node = str(door.get("node") or urlsplit(url).hostname or "")
             return cls(url=url, tls=bool(door.get("tls", url.startswith("https://"))),

@@ -221,6 +221,11 @@ class FakeSlot(_Server):
             return (200, {"status": "ready"}) if self.ready else (503, {"status": "not_ready"})
         if path == "/generate" and method == "POST":
             return 200, {"text": "pong"}
+        if path == "/restore" and method == "POST":
+            # What router-members.py restore does to it: every group registered (the outputs'
+            # restore command posts here).
+            self.members = {name: (True, True, 0) for name in self.members}
+            return 200, {}
         if path == "/workers" and self.kind == "rust":
             if authorization != f"Bearer {KEY}":
                 return 401, {"error": "unauthorized"}
@@ -386,7 +391,8 @@ class DoorStack:
             "container": "kimipd-door",
             "slots": {name: {"url": slot.url, "metricsPort": 29001 + i,
                              "container": f"kimipd-router-{name}", "server": f"slot-{name}",
-                             "role": f"router-{name}"}
+                             "role": f"router-{name}",
+                             "restore": f"curl -sf -o /dev/null -X POST {slot.url}/restore"}
                       for i, (name, slot) in enumerate(self.slots.items())},
         }
         nodes = [MASTER_NODE, PREFILL_NODE, DECODE_NODE, ROUTER_NODE]

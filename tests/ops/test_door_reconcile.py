@@ -4,6 +4,7 @@ is one too; the routers' view is asked of any slot that answers."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from collections.abc import Iterator
@@ -169,3 +170,32 @@ def test_each_pass_exports_who_holds_the_virtual_ip(tmp_path, two_nodes: DoorSta
     h.run(1)
     assert (held(ROUTER_NODE), held(OTHER_DOOR_NODE)) == (1.0, 1.0)
     assert state(OTHER_DOOR_NODE, "absent") == 1.0 and state(OTHER_DOOR_NODE, "BACKUP") is None
+
+
+def test_a_slot_that_lacks_a_serving_group_gets_it_back_from_its_restore(
+        tmp_path, door: DoorStack) -> None:
+    door.slots["b"].members["decode"] = (False, None, 0)
+    h = Harness(tmp_path, door)
+    decision = h.run()
+    assert (decision.kind, decision.units, decision.exit_code) == \
+        ("re-registered", ("router-b",), SERVING), decision
+    assert "router-b lacks decode" in decision.message
+    assert door.slots["b"].members["decode"][0], "the restore did not run"
+    assert h.engine.heals == [], "no refresh and up: nothing drifted"
+    assert h.run().kind == "healthy"
+
+
+def test_a_missing_group_waits_for_an_update_and_a_dry_run_changes_nothing(
+        tmp_path, door: DoorStack) -> None:
+    door.slots["a"].members["prefill"] = (False, None, 0)
+    h = Harness(tmp_path, door)
+    h.engine.locked = ["ops@console pid 4242"]
+    decision = h.run()
+    assert (decision.kind, decision.units, decision.exit_code) == \
+        ("locked", ("router-a",), WAITING), decision
+    assert not door.slots["a"].members["prefill"][0]
+    h.engine.locked = []
+    h.reconciler.settings = dataclasses.replace(h.settings, dry_run=True)
+    decision = h.run()
+    assert (decision.kind, decision.exit_code) == ("would-register", WAITING), decision
+    assert not door.slots["a"].members["prefill"][0], "a dry run registered the group"
