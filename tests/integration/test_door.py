@@ -288,38 +288,6 @@ def test_every_decode_group_killed_heals_with_no_person(
     assert back < 3 + 60 + 5 + 60, f"serving again only after {back:.0f}s"
 
 
-def slot_call(slot: str, method: str, path: str) -> dict:
-    request = urllib.request.Request(SLOTS[slot] + path, method=method, headers=AUTHORIZED)
-    with urllib.request.urlopen(request, timeout=5) as response:
-        body = response.read()
-    return json.loads(body) if body.strip() else {}
-
-
-def test_a_slot_that_lacks_a_group_gets_it_back_from_one_reconcile_pass(
-        stack: auto.Stack, sim: SimCluster, project: Project, tmp_path: Path) -> None:
-    # As after an admission that gave up on a slot being replaced: every container serves,
-    # slot b does not list decode-a. No drift, so refresh and up would not see it.
-    url = group_url("decode-a")
-    for worker in slot_call("b", "GET", "/workers")["workers"]:
-        if worker["url"] == url:
-            slot_call("b", "DELETE", f"/workers/{worker['id']}")
-    wait_for(lambda: url not in healthy_in_slots()["b"], 15, "decode-a gone from slot b")
-    before, history = container_ids(sim), len(stack.history())
-    log = tmp_path / "once.jsonl"
-    result = kimipd(project, STACK, "reconcile", "--log", str(log), "--state-file",
-                    str(tmp_path / "once.json"), "--grace-seconds", "0",
-                    "--human-window-minutes", "0", timeout=300)
-    line = json.loads(log.read_text().splitlines()[-1])
-    assert (result.returncode, line["decision"], line["units"]) == \
-        (0, "re-registered", ["router-b"]), line
-    assert "router-b lacks decode-a" in line["message"], line
-    wait_for(lambda: url in healthy_in_slots()["b"], 30, "decode-a healthy in slot b again")
-    assert container_ids(sim) == before, "a re-registration changed a container"
-    assert len(stack.history()) == history, "a re-registration ran an update"
-    _, report = settled_status(project, STACK)
-    assert report["verdict"] == "serving", status_problems(report)
-
-
 def test_a_lost_node_goes_out_without_a_connection_and_comes_back_failing_nothing(
         stack: auto.Stack, sim: SimCluster, project: Project) -> None:
     nodes = current_values(project)["nodes"]
