@@ -249,6 +249,13 @@ class UpdateEntry:
         return self.message.startswith(MESSAGE_PREFIX)
 
 
+def locked(wanted: Decision, locks: list[str]) -> Decision:
+    """WANTED (a heal, a re-registration) waits: someone's update holds the stack's LOCKS."""
+    return Decision("locked", wanted.units, "another update holds the stack's lock ("
+                    + "; ".join(locks) + "): waiting for it to end, never cancelling it",
+                    WAITING, wanted.details)
+
+
 def engine_checks(heal: Decision, locks: list[str], history: list[UpdateEntry],
                   pending_steps: Callable[[], Mapping[str, int]], config_fingerprint: str,
                   memory: Memory, limits: Limits, now: float) -> Decision:
@@ -257,9 +264,7 @@ def engine_checks(heal: Decision, locks: list[str], history: list[UpdateEntry],
     (PENDING_STEPS: the preview's step counts other than `same`, before any refresh; asked
     last, a preview runs the program)."""
     if locks:
-        return Decision("locked", heal.units, "another update holds the stack's lock ("
-                        + "; ".join(locks) + "): waiting for it to end, never cancelling it",
-                        WAITING, heal.details)
+        return locked(heal, locks)
     by_person = [entry for entry in history if not entry.by_reconcile]
     if by_person:
         last = max(by_person, key=lambda entry: entry.ended or entry.started)

@@ -24,7 +24,8 @@ from prometheus_client.registry import Collector
 from . import status as status_command
 from .heal_policy import (MESSAGE_PREFIX, REFUSED, SERVING, WAITING, Decision, Limits, Memory,
                           assess, breakages, engine_checks, finish_heal, forget_heal,
-                          missing_from_slots, note_lost_nodes, start_heal, unreachable_nodes)
+                          locked, missing_from_slots, note_lost_nodes, start_heal,
+                          unreachable_nodes)
 from .probe import Prober
 from .remote import RemoteError, Transport
 from .stack import Access, Stack, StackError
@@ -264,9 +265,7 @@ class Reconciler:
                             "restore on router.node; nothing changed", WAITING, details)
         locks = self.engine_factory().locks()
         if locks:
-            return Decision("locked", units, f"{lacking}; another update holds the stack's "
-                            f"lock ({'; '.join(locks)}): waiting for it to end", WAITING,
-                            details)
+            return locked(Decision("re-register", units, lacking, WAITING, details), locks)
         transport = self.transport_factory(stack.access)
         failed = []
         try:
