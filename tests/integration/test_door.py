@@ -288,6 +288,41 @@ def test_every_decode_group_killed_heals_with_no_person(
     assert back < 3 + 60 + 5 + 60, f"serving again only after {back:.0f}s"
 
 
+def slot_workers(slot: str) -> list[dict]:
+    """The workers SLOT lists (GET /workers with the key)."""
+    request = urllib.request.Request(SLOTS[slot] + "/workers", headers=AUTHORIZED)
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return json.load(response)["workers"]
+
+
+def test_a_slot_that_lost_a_group_gets_it_back_from_one_reconcile_pass(
+        stack: auto.Stack, sim: SimCluster, project: Project, tmp_path: Path) -> None:
+    """Every container serving and slot b without decode-a (what an admission that skipped a
+    slot leaves behind) is no drift: one pass runs slot b's restore, with no update."""
+    for worker in slot_workers("b"):
+        if worker["url"] == group_url("decode-a"):
+            request = urllib.request.Request(f"{SLOTS['b']}/workers/{worker['id']}",
+                                             method="DELETE", headers=AUTHORIZED)
+            urllib.request.urlopen(request, timeout=5).close()
+    wait_for(lambda: group_url("decode-a") not in healthy_in_slots()["b"], 30,
+             "decode-a gone from slot b")
+    before, history = container_ids(sim), len(stack.history())
+    log = tmp_path / "reconcile.jsonl"
+    result = kimipd(project, STACK, "reconcile", "--log", str(log), "--state-file",
+                    str(tmp_path / "reconcile.json"), "--grace-seconds", "0",
+                    "--human-window-minutes", "0")
+    line = json.loads(log.read_text().splitlines()[-1])
+    assert (result.returncode, line["decision"]) == (0, "re-registered"), line
+    assert "router-b lacks decode-a" in line["message"], line["message"]
+    took = wait_for(lambda: group_url("decode-a") in healthy_in_slots()["b"], 30,
+                    "decode-a healthy in slot b again")
+    print(f"re-registered: decode-a healthy in slot b {took:.1f}s after the pass")
+    assert container_ids(sim) == before, "a re-registration touched a container"
+    assert len(stack.history()) == history, "a re-registration ran an update"
+    _, report = settled_status(project, STACK)
+    assert report["verdict"] == "serving", status_problems(report)
+
+
 def test_a_lost_node_goes_out_without_a_connection_and_comes_back_failing_nothing(
         stack: auto.Stack, sim: SimCluster, project: Project) -> None:
     nodes = current_values(project)["nodes"]
