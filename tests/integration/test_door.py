@@ -208,15 +208,20 @@ def set_link(address: str, up: bool) -> None:
     subprocess.run(["ip", "link", "set", link, "up" if up else "down"], check=True)
 
 
+def slot_workers(slot: str, timeout: float = 5) -> list[dict]:
+    """The workers SLOT lists (GET /workers with the key)."""
+    request = urllib.request.Request(SLOTS[slot] + "/workers", headers=AUTHORIZED)
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.load(response)["workers"]
+
+
 def healthy_in_slots() -> dict[str, set[str]]:
     """slot -> the worker URLs it lists healthy (GET /workers with the key; {} if it does not
     answer)."""
     seen = {}
-    for slot, url in SLOTS.items():
-        request = urllib.request.Request(url + "/workers", headers=AUTHORIZED)
+    for slot in SLOTS:
         try:
-            with urllib.request.urlopen(request, timeout=3) as response:
-                workers = json.load(response)["workers"]
+            workers = slot_workers(slot, timeout=3)
         except (OSError, ValueError, KeyError):
             workers = []
         seen[slot] = {w["url"] for w in workers if w.get("is_healthy")}
@@ -288,13 +293,6 @@ def test_every_decode_group_killed_heals_with_no_person(
     assert back < 3 + 60 + 5 + 60, f"serving again only after {back:.0f}s"
 
 
-def slot_workers(slot: str) -> list[dict]:
-    """The workers SLOT lists (GET /workers with the key)."""
-    request = urllib.request.Request(SLOTS[slot] + "/workers", headers=AUTHORIZED)
-    with urllib.request.urlopen(request, timeout=5) as response:
-        return json.load(response)["workers"]
-
-
 def test_a_slot_that_lost_a_group_gets_it_back_from_one_reconcile_pass(
         stack: auto.Stack, sim: SimCluster, project: Project, tmp_path: Path) -> None:
     """Every container serving and slot b without decode-a (what an admission that skipped a
@@ -312,7 +310,8 @@ def test_a_slot_that_lost_a_group_gets_it_back_from_one_reconcile_pass(
                     str(tmp_path / "reconcile.json"), "--grace-seconds", "0",
                     "--human-window-minutes", "0")
     line = json.loads(log.read_text().splitlines()[-1])
-    assert (result.returncode, line["decision"]) == (0, "re-registered"), line
+    assert (result.returncode, line["decision"], line["units"]) == \
+        (0, "re-registered", ["router-b"]), line
     assert "router-b lacks decode-a" in line["message"], line["message"]
     took = wait_for(lambda: group_url("decode-a") in healthy_in_slots()["b"], 30,
                     "decode-a healthy in slot b again")
