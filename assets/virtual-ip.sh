@@ -15,23 +15,33 @@
 # usage: virtual-ip.sh --config FILE --check-file FILE --state-file FILE --door HOST:PORT
 #                      --interval SECONDS
 #
-# The same script is keepalived's notify script (keepalived.conf's `notify`, so no other file
-# is shipped to every node): `virtual-ip.sh --notify STATE_FILE`, to which keepalived appends
-# TYPE NAME STATE PRIORITY, writes STATE (MASTER, BACKUP, FAULT, STOP) to STATE_FILE for
-# `kimipd status` to read over SSH (keepalived has no query interface). Written aside and
+# The same script reads keepalived's notify FIFO (keepalived.conf's `vrrp_notify_fifo_script`,
+# so no other file is shipped to every node): `virtual-ip.sh --notify-fifo STATE_FILE FIFO`.
+# keepalived writes each transition to the FIFO as a line `INSTANCE "door" STATE PRIORITY`, in
+# the order they happen; each STATE (MASTER, BACKUP, FAULT, STOP) goes to STATE_FILE for
+# `kimipd status` to read over SSH (keepalived has no query interface). Not a `notify` script:
+# keepalived runs those as they come, each in its own process, so after a flap (MASTER then
+# BACKUP within a few ms) the older state can be written last and stay there. Written aside and
 # renamed, so a reader never sees half. A keepalived that dies leaves its last state there:
 # status trusts the file only while the container runs, and the container removes it as it
 # starts (--state-file), so a restarted one shows no state until keepalived's first
 # transition, never the MASTER of before the restart.
 set -uo pipefail
 
-if [[ "${1:-}" == --notify ]]; then
-  if (($# < 5)); then
-    echo "virtual-ip.sh: --notify STATE_FILE TYPE NAME STATE [PRIORITY] expected, got: $*" >&2
+if [[ "${1:-}" == --notify-fifo ]]; then
+  if (($# != 3)); then
+    echo "virtual-ip.sh: --notify-fifo STATE_FILE FIFO expected, got: $*" >&2
     exit 2
   fi
-  printf '%s\n' "$5" > "$2.new" && mv -f "$2.new" "$2"
-  exit
+  state_file=$2 fifo=$3
+  # Until keepalived closes the FIFO (it holds it open read-write while it runs). Other lines
+  # (GROUP, MASTER_RX_LOWER_PRI, priority changes) are not a state of the instance.
+  while read -r kind _ state _; do
+    if [[ "${kind}" == INSTANCE && "${state}" =~ ^(MASTER|BACKUP|FAULT|STOP)$ ]]; then
+      printf '%s\n' "${state}" > "${state_file}.new" && mv -f "${state_file}.new" "${state_file}"
+    fi
+  done < "${fifo}"
+  exit 0
 fi
 
 config="" check_file="" state_file="" door="" interval=0.1

@@ -8,7 +8,7 @@ request to stdout), and the bundle adds the door's runtime state (`show stat`, `
 state`) from its admin socket. With the door on two nodes, each keepalived's container log
 (keepalived logs to stdout: every VRRP transition, every advert refused) is among the
 containers, and each door node adds what status reads of the virtual IP there: its addresses
-(`ip -o -4 addr show`) and keepalived's last state (its notify script's file).
+(`ip -o -4 addr show`) and keepalived's last state (the file its notify FIFO's reader writes).
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ class DoorNode:
     door_container: str
     keepalived_role: str  # keepalived, keepalived-A-B-C-D
     keepalived_container: str
-    # Where keepalived's notify script writes the instance's state on this node.
+    # Where keepalived's notify FIFO's reader writes the instance's state on this node.
     state_file: str
     # This node's door's runtime API (the `door` output's adminSocket where the entry has none).
     admin_socket: str = ""

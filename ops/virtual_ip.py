@@ -2,9 +2,9 @@
 
 On each door node, over SSH as the door's runtime API is read: whether the address is on the
 node's interface (`ip -o -4 addr show dev IFACE`: the kernel's word, which is what ARP answers
-from), and keepalived's own state (MASTER, BACKUP, FAULT), from the file its notify script
-writes (assets/virtual-ip.sh --notify; keepalived has no query interface). They can disagree:
-a SIGKILLed keepalived leaves the address on its interface and its last state in the file, so
+from), and keepalived's own state (MASTER, BACKUP, FAULT), from the file its notify FIFO's
+reader writes (assets/virtual-ip.sh --notify-fifo; keepalived has no query interface). They
+can disagree: a SIGKILLed keepalived leaves the address on its interface and its last state in the file, so
 the state counts only while its container runs, and who holds the address is read, never
 inferred. The verdict is a pure function of both nodes' answers.
 """
@@ -23,7 +23,7 @@ from .probe import settled
 from .remote import RemoteError, Transport
 from .stack import Door, DoorNode, VirtualIp
 
-# What the notify script writes (keepalived 2.2.7's states for a vrrp_instance; STOP on a
+# What the notify FIFO's reader writes (keepalived 2.2.7's states for a vrrp_instance; STOP on a
 # graceful shutdown).
 KEEPALIVED_STATES = ("MASTER", "BACKUP", "FAULT", "STOP")
 ABSENT = "absent"  # its container does not run: nothing holds or moves the address there

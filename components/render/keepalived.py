@@ -66,9 +66,15 @@ def door_check_file(cfg: ClusterConfig) -> str:
 
 
 def keepalived_state_file(cfg: ClusterConfig) -> str:
-    """What keepalived's notify script writes at every change of the instance's state (MASTER,
+    """What the notify FIFO's reader writes at every change of the instance's state (MASTER,
     BACKUP, FAULT, STOP): what `kimipd status` reads on each door node."""
     return f"{virtual_ip_dir(cfg)}/state"
+
+
+def keepalived_notify_fifo(cfg: ClusterConfig) -> str:
+    """Where keepalived writes its transitions, in order (it creates the FIFO and starts the
+    reader, assets/virtual-ip.sh --notify-fifo, with the FIFO's path as its last argument)."""
+    return f"{virtual_ip_dir(cfg)}/notify.fifo"
 
 
 def virtual_ip_interface(cfg: ClusterConfig) -> str:
@@ -89,6 +95,7 @@ def keepalived_config(cfg: ClusterConfig, address: str) -> str:
         raise ValueError(f"{address} is not one of router.door.nodes {cfg.door_nodes}")
     interface = virtual_ip_interface(cfg)
     priority = ROUTER_NODE_PRIORITY if address == cfg.router.node else OTHER_NODE_PRIORITY
+    state_file = keepalived_state_file(cfg)
     return f"""\
 # kimipd: the door's virtual IP {vip.address} on {address}; the other door node is {peer}.
 # No VRRP authentication (VRRPv3 has none): the nftables table inet {firewall_table(cfg)}
@@ -96,11 +103,16 @@ def keepalived_config(cfg: ClusterConfig, address: str) -> str:
 global_defs {{
     router_id kimipd-door-{address}
     vrrp_version 3
-    # The notify script runs as root, as keepalived does in its container: without
+    # The FIFO's reader runs as root, as keepalived does in its container: without
     # script_user it wants a user keepalived_script the image lacks, and without script
     # security `keepalived -t` refuses any script (2.2.7: "SECURITY VIOLATION", exit 6).
     script_user root
     enable_script_security
+    # Each new state of the instance into a file `kimipd status` reads (keepalived has no query
+    # interface), through a FIFO that keeps their order (notify scripts run concurrently);
+    # run by bash, as the container's command is: the copied script need not be executable.
+    vrrp_notify_fifo {keepalived_notify_fifo(cfg)}
+    vrrp_notify_fifo_script "/bin/bash {VIRTUAL_IP_SCRIPT} --notify-fifo {state_file}"
 }}
 
 track_file door_down {{
@@ -128,9 +140,6 @@ vrrp_instance {INSTANCE} {{
     track_file {{
         door_down
     }}
-    # Each new state into a file `kimipd status` reads (keepalived has no query interface);
-    # run by bash, as the container's command is: the copied script need not be executable.
-    notify "/bin/bash {VIRTUAL_IP_SCRIPT} --notify {keepalived_state_file(cfg)}"
 }}
 """
 

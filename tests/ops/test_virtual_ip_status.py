@@ -7,6 +7,7 @@ the fake stack of tests/ops/door_fakes.py."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -115,18 +116,30 @@ def test_the_report_names_the_holders() -> None:
     assert json.loads(json.dumps(report.as_json()))["nodes"][1]["keepalived"] == ABSENT
 
 
-def test_the_notify_script_writes_the_new_state_whole(tmp_path: Path) -> None:
-    """virtual-ip.sh --notify STATE_FILE, to which keepalived appends its own four arguments."""
-    state = tmp_path / "state"
+def test_the_notify_fifo_s_reader_writes_each_state_in_the_order_keepalived_sent_them(
+        tmp_path: Path) -> None:
+    """virtual-ip.sh --notify-fifo STATE_FILE FIFO (keepalived appends the FIFO): a flap's two
+    lines arrive in order and the last state stays; lines that are no state of the instance
+    change nothing; the reader ends when the writer closes the FIFO."""
+    state, fifo = tmp_path / "state", tmp_path / "notify.fifo"
+    os.mkfifo(fifo)
     script = str(REPO / "assets" / "virtual-ip.sh")
-    for new in ("BACKUP", "MASTER"):
-        subprocess.run(["bash", script, "--notify", str(state), "INSTANCE", "door", new, "150"],
-                       check=True, timeout=30)
-        assert state.read_text() == new + "\n"
+    reader = subprocess.Popen(["bash", script, "--notify-fifo", str(state), str(fifo)])
+    try:
+        with open(fifo, "w") as writer:
+            for line in ('INSTANCE "door" BACKUP 100', 'INSTANCE "door" MASTER 100',
+                         'INSTANCE "door" BACKUP 100', 'INSTANCE "door" MASTER_RX_LOWER_PRI 100',
+                         'GROUP "g" MASTER 100'):
+                writer.write(line + "\n")
+        assert reader.wait(timeout=30) == 0
+    finally:
+        if reader.poll() is None:
+            reader.kill()
+    assert state.read_text() == "BACKUP\n"
     assert not (tmp_path / "state.new").exists()
-    refused = subprocess.run(["bash", script, "--notify", str(state)], capture_output=True,
+    refused = subprocess.run(["bash", script, "--notify-fifo", str(state)], capture_output=True,
                              text=True, timeout=30, check=False)
-    assert refused.returncode == 2 and state.read_text() == "MASTER\n"
+    assert refused.returncode == 2 and "--notify-fifo STATE_FILE FIFO" in refused.stderr
 
 
 # -- the whole status over the fake stack --------------------------------------------------------

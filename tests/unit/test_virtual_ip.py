@@ -224,20 +224,23 @@ def test_the_doors_health_puts_the_instance_in_fault(pro6000: dict) -> None:
 
 
 def test_each_state_keepalived_enters_is_written_where_status_reads_it(pro6000: dict) -> None:
-    """keepalived has no query interface: its notify script (assets/virtual-ip.sh --notify, run
-    by bash, since the copied asset need not be executable) writes every new state to a file in
-    the directory the container mounts read-write; `kimipd status` reads it over SSH."""
+    """keepalived has no query interface: it writes each transition, in order, to a FIFO whose
+    reader (assets/virtual-ip.sh --notify-fifo, run by bash, since the copied asset need not be
+    executable) writes the new state to a file in the directory the container mounts
+    read-write; `kimipd status` reads it over SSH. Not a `notify` script: those run
+    concurrently, and after a flap the older state could be written last."""
     cfg = load_cluster_config(pro6000)
     assert keepalived_state_file(cfg) == "/opt/kimipd/router-31000/vip/state"
     for address in cfg.door_nodes:
         conf = lines(keepalived_config(cfg, address))
         start = conf.index("vrrp_instance door {")
-        instance = conf[start:]
-        assert ('notify "/bin/bash /opt/kimipd/virtual-ip.sh --notify '
-                '/opt/kimipd/router-31000/vip/state"') in instance
+        global_defs = conf[:start]
+        assert "vrrp_notify_fifo /opt/kimipd/router-31000/vip/notify.fifo" in global_defs
+        assert ('vrrp_notify_fifo_script "/bin/bash /opt/kimipd/virtual-ip.sh --notify-fifo '
+                '/opt/kimipd/router-31000/vip/state"') in global_defs
+        assert not any(line.startswith("notify") for line in conf[start:])
         # As root, which keepalived is in its container: the image has no keepalived_script;
         # and script security on, without which `keepalived -t` refuses any script.
-        global_defs = conf[:start]
         assert "script_user root" in global_defs and "enable_script_security" in global_defs
         plan = keepalived_plan(cfg, address)
         assert ("/opt/kimipd/router-31000/vip", "/opt/kimipd/router-31000/vip", False) in \
