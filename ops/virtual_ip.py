@@ -4,9 +4,9 @@ On each door node, over SSH as the door's runtime API is read: whether the addre
 node's interface (`ip -o -4 addr show dev IFACE`: the kernel's word, which is what ARP answers
 from), and keepalived's own state (MASTER, BACKUP, FAULT), from the file its notify FIFO's
 reader writes (assets/virtual-ip.sh --notify-fifo; keepalived has no query interface). They
-can disagree: a SIGKILLed keepalived leaves the address on its interface and its last state in the file, so
-the state counts only while its container runs, and who holds the address is read, never
-inferred. The verdict is a pure function of both nodes' answers.
+can disagree: a SIGKILLed keepalived leaves the address on its interface and its last state in
+the file, so the state counts only while its container runs, and who holds the address is
+read, never inferred. The verdict is a pure function of both nodes' answers.
 """
 
 from __future__ import annotations
