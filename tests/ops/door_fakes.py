@@ -124,6 +124,12 @@ class AdminSocket:
         if self._stopped:
             return
         self._stopped = True
+        # close() alone leaves the accept() in _serve blocked on the socket for good (a thread
+        # and the socket kept per test); shutdown() wakes it.
+        try:
+            self.server.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.server.close()
         try:
             os.unlink(self.path)
@@ -185,7 +191,12 @@ class _Server:
         if self.stopped:
             return
         self.stopped = True
-        self.server.shutdown()
+        # socketserver's shutdown() waits without a bound for serve_forever to say it ended; in
+        # CI one such wait once never ended (the test hit pytest's timeout in its teardown). A
+        # fake's stop is bounded: the port is closed whether or not the loop has said so.
+        stopping = threading.Thread(target=self.server.shutdown, daemon=True)
+        stopping.start()
+        stopping.join(10)
         self.server.server_close()  # the port refuses connections from now on
 
     stopped = False
