@@ -349,9 +349,10 @@ def fake_keepalived(tmp_path: Path) -> Path:
     bin_dir.mkdir()
     fake = bin_dir / "keepalived"
     fake.write_text(f"""#!/usr/bin/env bash
-printf "%s\\n" "$*" > {tmp_path}/args; echo $$ > {tmp_path}/pid
 trap 'echo term > {tmp_path}/term; exit 0' TERM
 trap 'echo hup >> {tmp_path}/hup' HUP
+# The pid last: once it is there, a signal is caught, not fatal.
+printf "%s\\n" "$*" > {tmp_path}/args; echo $$ > {tmp_path}/pid
 while true; do sleep 0.02; done
 """)
     fake.chmod(0o755)
@@ -378,6 +379,14 @@ def _end(script: subprocess.Popen) -> None:
     script.wait(timeout=30)
 
 
+def _catches(pid: int, signum: int) -> bool:
+    """Whether PID has a handler for SIGNUM (a trap, for bash): /proc's SigCgt mask."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
 def _check(tmp_path: Path) -> str:
     path = tmp_path / "door-down"
     return path.read_text().strip() if path.exists() else ""
@@ -396,7 +405,9 @@ def test_the_check_loop_writes_the_doors_health_at_every_tick(
         door.stop()
         _until(lambda: _check(tmp_path) == "1",
                f"door gone: 1 (still running: {script.poll() is None})")
-        # A new keepalived.conf: the config command's SIGHUP reaches keepalived.
+        # A new keepalived.conf: the config command's SIGHUP reaches keepalived. The script is
+        # not PID 1 here, so a SIGHUP before its trap would end it: wait for the trap.
+        _until(lambda: _catches(script.pid, signal.SIGHUP), "the script traps SIGHUP")
         script.send_signal(signal.SIGHUP)
         _until(lambda: (tmp_path / "hup").exists(), "keepalived got SIGHUP")
         assert script.poll() is None
