@@ -367,7 +367,14 @@ def _start(tmp_path: Path, bin_dir: Path, port: int) -> subprocess.Popen:
          str(tmp_path / "door-down"), "--state-file", str(tmp_path / "state"),
          "--door", f"127.0.0.1:{port}", "--interval", "0.05"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True)
+        start_new_session=True, preexec_fn=_default_signals)
+
+
+def _default_signals() -> None:
+    # As in its container: a shell started with SIGHUP ignored (pytest under nohup) could not
+    # trap it, and would pass that on to keepalived.
+    for signum in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def _end(script: subprocess.Popen) -> None:
