@@ -197,8 +197,9 @@ def firewall_output(cfg: ClusterConfig) -> dict[str, object]:
 
 def door_output(cfg: ClusterConfig) -> dict[str, object] | None:
     """Where the door and its slots are (kimipd status, logs and the bench read it); plain data.
-    On two door nodes also where each slot runs, each door node's door and keepalived, and the
-    virtual IP between them (`node` stays router.node: the slot lease and the markers)."""
+    On two door nodes also where each slot runs, each door node's door and keepalived, the
+    virtual IP between them (`node` stays router.node: the slot lease and the markers), and
+    the door node taken out, if one is (`nodesOut`: nothing of it is asked)."""
     door = cfg.router.door
     if door is None:
         return None
@@ -234,6 +235,8 @@ def door_output(cfg: ClusterConfig) -> dict[str, object] | None:
                                  "stateFile": keepalived_state_file(cfg)},
                   "peer": cfg.door_peer(address)}
         for address in cfg.door_nodes}
+    # A door node taken out (`nodes[].out`): the other carries the address alone.
+    output["nodesOut"] = [address for address in door.nodes or [] if address in cfg.out_nodes]
     output["virtualIp"] = {"address": vip.address, "prefixLength": vip.prefix_length,
                            "interface": virtual_ip_interface(cfg), "vrid": vip.vrid,
                            "advertIntervalMs": vip.advert_interval_ms,

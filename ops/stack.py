@@ -112,6 +112,8 @@ class Door:
     # Both door nodes, router.node first; () with a door on router.node alone.
     nodes: tuple[DoorNode, ...] = ()
     virtual_ip: VirtualIp | None = None
+    # A door node taken out (`nodes[].out`): not in `nodes`, not asked.
+    nodes_out: tuple[str, ...] = ()
 
     @property
     def port(self) -> int:
@@ -142,7 +144,8 @@ class Door:
                        backend=str(door.get("backend") or DOOR_BACKEND),
                        nodes=door_nodes(door.get("nodes") or {}, node,
                                         str(door["adminSocket"])),
-                       virtual_ip=virtual_ip(door.get("virtualIp")))
+                       virtual_ip=virtual_ip(door.get("virtualIp")),
+                       nodes_out=tuple(str(node) for node in door.get("nodesOut") or ()))
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise StackError(f"the stack's `door` output cannot be read ({type(error).__name__}: "
                              f"{error}): {json.dumps(door, default=str)[:300]}") from None

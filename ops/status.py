@@ -533,6 +533,8 @@ def _virtual_ip_lines(vip: VirtualIpReport) -> list[Any]:
                       _container_text(node.keepalived_container),
                       _keepalived_text(node.keepalived), holds)
     lines.append(table)
+    lines += [Text(f"{address}: out (nodes[].out), not asked; the other door node carries the "
+                   "address alone") for address in vip.nodes_out]
     lines += [Text(f"virtual IP: {problem}", style="red")
               for problem in ([vip.down] if vip.down else []) + vip.problems]
     return lines

@@ -85,6 +85,8 @@ class VirtualIpReport:
     # Why no request can be trusted to get in (split brain, no holder); None: one holds it.
     down: str | None = None
     problems: list[str] = field(default_factory=list)
+    # The door node taken out, if one is: not asked (the other carries the address alone).
+    nodes_out: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -93,7 +95,7 @@ class VirtualIpReport:
     def as_json(self) -> dict[str, Any]:
         return {"address": self.address, "interface": self.interface, "holders": self.holders,
                 "down": self.down, "problems": self.problems,
-                "nodes": [node.as_json() for node in self.nodes]}
+                "nodes": [node.as_json() for node in self.nodes], "nodesOut": self.nodes_out}
 
 
 def holders_verdict(address: str, nodes: Sequence[VipNode]) -> tuple[str | None, list[str]]:
@@ -140,12 +142,14 @@ def node_problems(address: str, interface: str, node: VipNode) -> list[str]:
     return []
 
 
-def virtual_ip_report(vip: VirtualIp, nodes: list[VipNode]) -> VirtualIpReport:
+def virtual_ip_report(vip: VirtualIp, nodes: list[VipNode],
+                      nodes_out: Sequence[str] = ()) -> VirtualIpReport:
     down, problems = holders_verdict(vip.address, nodes)
     for node in nodes:
         problems += node_problems(vip.address, vip.interface, node)
     return VirtualIpReport(vip.address, vip.interface, nodes,
-                           [node.address for node in nodes if node.holds], down, problems)
+                           [node.address for node in nodes if node.holds], down, problems,
+                           list(nodes_out))
 
 
 def virtual_ip_families(stack: str, report: VirtualIpReport | None) -> list[Metric]:
@@ -179,6 +183,7 @@ class VirtualIpProbes:
             raise ValueError("the door has no virtual IP")
         self.vip = door.virtual_ip
         self.nodes = door.nodes
+        self.nodes_out = door.nodes_out
         self.transport = transport
         self.timeout = timeout
         self.addresses: dict[str, Future] = {}
@@ -205,7 +210,8 @@ class VirtualIpProbes:
 
     def report(self, containers: Mapping[str, str]) -> VirtualIpReport:
         """CONTAINERS: role -> docker state, from the status's rows."""
-        return virtual_ip_report(self.vip, [self._node(node, containers) for node in self.nodes])
+        return virtual_ip_report(self.vip, [self._node(node, containers) for node in self.nodes],
+                                 self.nodes_out)
 
     def _node(self, node: DoorNode, containers: Mapping[str, str]) -> VipNode:
         timed_out = (None, "did not answer in time")

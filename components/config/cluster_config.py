@@ -118,9 +118,10 @@ class ClusterConfig(Model):
 
     @property
     def virtual_ip_nodes(self) -> list[str]:
-        """The door nodes keepalived runs on: both, when a virtual IP moves between them."""
+        """The door nodes keepalived runs on: both, when a virtual IP moves between them; the one
+        that stays, when the other is taken out (it carries the address alone)."""
         door = self.router.door
-        return list(door.nodes) if door is not None and door.nodes is not None and \
+        return self.door_nodes if door is not None and door.nodes is not None and \
             door.virtual_ip is not None else []
 
     def keepalived_role(self, address: str) -> str:
@@ -135,26 +136,33 @@ class ClusterConfig(Model):
 
     def slot_node(self, slot: str) -> str:
         """Where router slot SLOT runs: slot a on router.node; slot b on the other door node
-        when the door stands on two, else on router.node too."""
+        when the door stands on two, else on router.node too (and while the other door node is
+        out, so that the door keeps two slots and a router change still costs no request)."""
         door = self.router.door
         if slot == SLOT_NAMES[0] or door is None or door.nodes is None:
             return self.router.node
         # Both the same, or router.node left out: refused (rules/door.py), but the other rules
         # run over the same config first.
-        return next((node for node in door.nodes if node != self.router.node), self.router.node)
+        other = next((node for node in door.nodes if node != self.router.node), self.router.node)
+        return self.router.node if other in self.out_nodes else other
 
     @property
     def door_nodes(self) -> list[str]:
         """The nodes a door stands on: none, router.node, or router.door.nodes (two, one of
-        them router.node)."""
+        them router.node) less a node taken out (`nodes[].out`)."""
         door = self.router.door
         if door is None:
             return []
-        return list(door.nodes) if door.nodes is not None else [self.router.node]
+        if door.nodes is None:
+            return [self.router.node]
+        out = self.out_nodes
+        return [node for node in door.nodes if node not in out]
 
     def door_peer(self, address: str) -> str | None:
         """The other door node, when the door stands on two and a virtual IP moves between
-        them: the only node whose VRRP this one accepts."""
+        them: the only node whose VRRP this one accepts. Still that node while it is out:
+        keepalived's configuration and the firewall stay as they were, so taking it out and
+        putting it back reload neither on the node that stays."""
         door = self.router.door
         if door is None or door.nodes is None or door.virtual_ip is None:
             return None

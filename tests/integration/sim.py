@@ -79,6 +79,14 @@ class SimCluster:
     def docker(self, node: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
         return self.ssh(node, shlex.join(["docker", *args]), timeout=timeout)
 
+    @staticmethod
+    def local_docker(node: str, *args: str) -> subprocess.CompletedProcess:
+        """docker on NODE through its engine's socket on this host: reaches a node whose link
+        on the sim bridge is cut."""
+        socket_path = f"/run/kimipd-sim/node{node.rsplit('.', 1)[-1]}/docker.sock"
+        return subprocess.run(["docker", "-H", f"unix://{socket_path}", *args],
+                              capture_output=True, text=True, timeout=60)
+
     def remove_kimipd_containers(self, nodes: list[str]) -> None:
         """Every node at once."""
         with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:

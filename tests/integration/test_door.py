@@ -50,7 +50,7 @@ SOCKET = "/opt/kimipd/router-31000/door/admin.sock"
 SLOTS = {"a": "http://10.231.60.5:31001", "b": "http://10.231.60.7:31002"}
 DECODE_RANK0 = {"decode-a": "10.231.60.5", "decode-b": "10.231.60.7"}
 ENDPOINTS: dict[str, str] = {}  # group -> its rank 0's URL, as the routers list it
-LOST = "10.231.60.8"  # decode-b's rank 1: no door on it
+LOST = OTHER_DOOR_NODE  # the node taken out: a door, keepalived, slot b, decode-b's rank 0
 
 
 @contextmanager
@@ -322,16 +322,20 @@ def test_a_slot_that_lost_a_group_gets_it_back_from_one_reconcile_pass(
     assert report["verdict"] == "serving", status_problems(report)
 
 
-def test_a_lost_node_goes_out_without_a_connection_and_comes_back_failing_nothing(
+def test_a_lost_door_node_goes_out_without_a_connection_and_comes_back_failing_nothing(
         stack: auto.Stack, sim: SimCluster, project: Project) -> None:
+    """The other door node (its door, keepalived, slot b and decode-b's rank 0) lost, then
+    taken out with one `kimipd up` that never contacts it: router.node carries the address
+    alone and slot b stands in there; then put back, both door nodes as before."""
     nodes = current_values(project)["nodes"]
     set_link(LOST, up=False)
     try:
-        # The router's checks see decode-b's rank 0 gone before the load starts: what fails
-        # at the cut is what was open there (test above), not what this measures.
-        wait_for(lambda: all(group_url("decode-b") not in urls
-                             for urls in healthy_in_slots().values()), 60,
-                 "decode-b unhealthy in both slots")
+        # The router's checks see decode-b's rank 0 gone, and router.node holds the address,
+        # before the load starts: what fails at the cut is what was open there (the test of
+        # router.node's loss), not what this measures.
+        wait_for(lambda: group_url("decode-b") not in healthy_in_slots()["a"], 60,
+                 "decode-b unhealthy in slot a")
+        wait_for(lambda: ROUTER_NODE in holder(), 10, "router.node holds the address")
         project.update_stack(STACK, {"nodes": [node | {"out": True} if node["address"] == LOST
                                                else node for node in nodes]})
         started = time.monotonic()
@@ -340,10 +344,11 @@ def test_a_lost_node_goes_out_without_a_connection_and_comes_back_failing_nothin
             out = kimipd(project, STACK, "up", "--yes", timeout=900)
             time.sleep(2)
         took = time.monotonic() - started
-        print(load.summary("node taken out, its link down") + f"; the up took {took:.0f}s")
+        print(load.summary("door node taken out, its link down") + f"; the up took {took:.0f}s")
         assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
         assert "dropped from the state, none contacted" in out.stdout
-        assert not load.failed(), load.summary("node out")
+        assert "run elsewhere now" in out.stdout, out.stdout[-3000:]
+        assert not load.failed(), load.summary("door node out")
         # The Automation API's export shows the secrets (a connection is one): read as
         # kimipd up reads it, by host and docker provider.
         on_lost = resources_on(state_resources(
@@ -352,29 +357,55 @@ def test_a_lost_node_goes_out_without_a_connection_and_comes_back_failing_nothin
         named = [r.urn for r in state_resources({"deployment": stack.export_stack().deployment
                                                  or {}}) if node_name(LOST) in r.urn]
         assert named == [], named
-        assert all(group_url("decode-a") in urls for urls in healthy_in_slots().values())
-        assert "decode-b" not in stack.outputs()["groups"].value
+        outputs = stack.outputs()
+        assert "decode-b" not in outputs["groups"].value
+        door = outputs["door"].value
+        assert (list(door["nodes"]), door["nodesOut"]) == ([ROUTER_NODE], [LOST])
+        assert door["slots"]["b"]["node"] == ROUTER_NODE
+        # Both slots on router.node serve decode-a, behind router.node's door.
+        standing_in = f"http://{ROUTER_NODE}:31002"
+        assert door["slots"]["b"]["url"] == standing_in
+        for url in (SLOTS["a"], standing_in):
+            request = urllib.request.Request(url + "/workers", headers=AUTHORIZED)
+            with urllib.request.urlopen(request, timeout=5) as response:
+                workers = json.load(response)["workers"]
+            assert group_url("decode-a") in {w["url"] for w in workers if w.get("is_healthy")}
+        assert {name: row["status"] for name, row in door_servers(sim).items()} == {
+            "slot-a": "UP", "slot-b": "UP"}
+        settled, report = settled_status(project, STACK)
+        assert settled.returncode == 0, status_problems(report)
+        assert report["virtualIp"]["holders"] == [ROUTER_NODE]
+        assert report["virtualIp"]["nodesOut"] == [LOST]
         # A no-op now: nothing of the node is left to exclude, nothing else changes.
         again = kimipd(project, STACK, "preview", timeout=600)
         assert again.returncode == 0 and "the state holds nothing of them" in again.stdout
     finally:
+        # As after a repair: no old container (its keepalived, master alone while cut off,
+        # gone before the link returns).
+        sim.local_docker(LOST, "rm", "-f", "kimipd-keepalived")
         set_link(LOST, up=True)
-    # Back: the node as after a repair (no old container), and the edit undone.
     sim.remove_kimipd_containers([LOST])
     project.update_stack(STACK, {"nodes": nodes})
     with StreamingLoad(url=VIRTUAL_IP_URL) as load:
         time.sleep(2)
         back = kimipd(project, STACK, "up", "--yes", timeout=900)
         time.sleep(2)
-    print(load.summary("node put back"))
+    print(load.summary("door node put back"))
     assert back.returncode == 0, (back.stdout + back.stderr)[-3000:]
-    assert not load.failed(), load.summary("node put back")
+    assert not load.failed(), load.summary("door node put back")
     assert all(group_url(g) in urls for g in DECODE_RANK0
                for urls in healthy_in_slots().values())
+    door = stack.outputs()["door"].value
+    assert (sorted(door["nodes"]), door["nodesOut"]) == (sorted(DOOR_NODES), [])
+    # No move back (nopreempt): router.node keeps the address it carried alone.
+    assert holder() == [ROUTER_NODE]
     again_on_node = {urn.rsplit("::", 1)[-1] for urn in resources_on(state_resources(
         {"deployment": stack.export_stack().deployment or {}}), [LOST])}
-    assert {f"{node_name(LOST)}-preflight", f"{node_name(LOST)}-nftables"} <= again_on_node, \
+    assert {f"{node_name(LOST)}-preflight", f"{node_name(LOST)}-nftables",
+            "router-b", "door-10-231-60-7", "keepalived-10-231-60-7"} <= again_on_node, \
         sorted(again_on_node)
+    settled, report = settled_status(project, STACK)
+    assert settled.returncode == 0, status_problems(report)
 
 
 def holder() -> list[str]:

@@ -12,6 +12,7 @@ import pytest
 
 from components.config import ClusterConfig, ConfigError, load_cluster_config
 from components.render import (door_haproxy_config, door_plan, drain_command, firewall_ruleset,
+                               keepalived_config,
                                preflight_command, prometheus_targets, restore_command,
                                router_command, router_plan, slot_admit_command,
                                slot_drain_command, slot_url)
@@ -81,15 +82,65 @@ def test_a_port_of_the_other_door_node_that_collides_is_refused(pro6000: dict) -
         load_cluster_config(pro6000)
 
 
-def test_the_other_door_node_cannot_be_taken_out_yet(pro6000: dict) -> None:
+def two_decode_groups(pro6000: dict) -> dict:
+    """pro6000 with its decode group split in two (4 GPUs of 8 each would do for a test), so
+    that the other door node can go out with one of them."""
+    decode = pro6000["groups"]["decode"] | {"tpSize": 16, "epSize": 16}
+    pro6000["groups"]["decode"] = decode | {"nodes": [ROUTER_NODE, "174.1.60.7"]}
+    pro6000["groups"]["decode-b"] = decode | {"nodes": [OTHER, "174.1.60.8"]}
     pro6000["router"]["door"] |= {"nodes": [ROUTER_NODE, OTHER], "virtualIp": {
         "image": KEEPALIVED_IMAGE, "address": "174.1.60.100"}}
-    index = next(i for i, node in enumerate(pro6000["nodes"]) if node["address"] == OTHER)
+    return pro6000
+
+
+def taken_out(raw: dict, address: str) -> ClusterConfig:
+    index = next(i for i, node in enumerate(raw["nodes"]) if node["address"] == address)
+    raw["nodes"][index]["out"] = True
+    return load_cluster_config(raw).in_service()
+
+
+def test_with_the_other_door_node_out_router_node_carries_the_door_alone(pro6000: dict) -> None:
+    raw = two_decode_groups(pro6000)
+    both = load_cluster_config(raw)
+    out = taken_out(raw, OTHER)
+    assert out.door_nodes == out.virtual_ip_nodes == [ROUTER_NODE]
+    # Slot b stands in on router.node, at its own ports: the door keeps two slots.
+    assert (out.slot_node("a"), out.slot_node("b")) == (ROUTER_NODE, ROUTER_NODE)
+    assert router_plan(out, "b").node == ROUTER_NODE
+    assert "    server slot-b 174.1.60.5:31002 check" in door_haproxy_config(out).splitlines()
+    assert "--router http://127.0.0.1:31002" in restore_command(out, "b")
+    assert {31001, 31002} <= set(out.ports_on(ROUTER_NODE))
+    assert out.roles_of(ROUTER_NODE)[-4:] == ["door", "router-a", "router-b", "keepalived"]
+    assert out.roles_of(OTHER) == []
+    assert OTHER not in {target["labels"]["node"] for target in prometheus_targets(out, "s")}
+    # keepalived and the firewall on router.node are untouched: the same peer, nothing
+    # reloaded when the other node goes out or comes back.
+    assert keepalived_config(out, ROUTER_NODE) == keepalived_config(both, ROUTER_NODE)
+    assert firewall_ruleset(out, ROUTER_NODE) == firewall_ruleset(both, ROUTER_NODE)
+
+
+def test_slot_b_standing_in_on_router_node_needs_its_ports_free_there(pro6000: dict) -> None:
+    # Apart, the two slots may share ports; on router.node they cannot.
+    raw = two_decode_groups(pro6000)
+    raw["router"]["door"]["slots"] = [{"port": 31001, "metricsPort": 29001},
+                                      {"port": 31001, "metricsPort": 29002}]
+    load_cluster_config(raw)
+    with pytest.raises(ConfigError) as refused:
+        taken_out(raw, OTHER)
+    assert "router.door.slots[1].port: 31001 on 174.1.60.5 is already used by " \
+           "router.door.slots[0].port" in str(refused.value)
+
+
+def test_router_node_cannot_be_taken_out(pro6000: dict) -> None:
+    pro6000["router"]["door"] |= {"nodes": [ROUTER_NODE, OTHER], "virtualIp": {
+        "image": KEEPALIVED_IMAGE, "address": "174.1.60.100"}}
+    index = next(i for i, node in enumerate(pro6000["nodes"])
+                 if node["address"] == ROUTER_NODE)
     pro6000["nodes"][index]["out"] = True
     with pytest.raises(ConfigError) as refused:
         load_cluster_config(pro6000)
-    assert (f"nodes[{index}].out: '174.1.60.6' is a door node (router.door.nodes), with a door, "
-            "router slot b and keepalived") in str(refused.value)
+    assert f"nodes[{index}].out: '174.1.60.5' holds the router (router.node)" in str(
+        refused.value)
 
 
 def test_each_door_must_bind_every_address_for_the_virtual_ip(pro6000: dict) -> None:

@@ -165,14 +165,6 @@ def out_nodes_keep_the_cluster_serving(cfg: ClusterConfig) -> Iterable[str]:
             yield (f"{key}: {address!r} holds the router (router.node) and its door, which "
                    "stand on one node: move router.node to a node that stays, in its own "
                    "reviewed `up`, before taking this one out.")
-        door_nodes = (cfg.router.door.nodes or []) if cfg.router.door is not None else []
-        if address in door_nodes and address != cfg.router.node:
-            # The other door carrying the address alone is issue 30's last step, not deployed.
-            yield (f"{key}: {address!r} is a door node (router.door.nodes), with a door, "
-                   "router slot b and keepalived, and the door on one of two nodes is not "
-                   "deployed yet: remove router.door.nodes and router.door.virtualIp (slot b "
-                   "moves to router.node) in their own reviewed `up`, before taking this one "
-                   "out.")
         if address == cfg.mooncake_master.node:
             yield (f"{key}: {address!r} runs the Mooncake master (mooncakeMaster.node), which "
                    "every group's KV transfer needs: set mooncakeMaster.node to a node that "
