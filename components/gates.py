@@ -34,12 +34,13 @@ class HealthGate(pulumi.ComponentResource):
 
     def __init__(self, name: str, cfg: ClusterConfig, nodes: Mapping[str, Node],
                  plans: Sequence[ContainerPlan], containers: Sequence[docker.Container],
-                 opts: pulumi.ResourceOptions | None = None) -> None:
+                 opts: pulumi.ResourceOptions | None = None,
+                 check_prefix: str | None = None) -> None:
         super().__init__("kimipd:gates:HealthGate", name, None, opts)
         container_ids = [container.id for container in containers]
         self.checks = [
             command.remote.Command(
-                f"{plan.role}-health",
+                f"{check_prefix or plan.role}-health",
                 connection=nodes[plan.node].connection,
                 create=wait_healthy_command(cfg, plan),
                 triggers=container_ids,

@@ -188,6 +188,11 @@ class Router(pulumi.ComponentResource):
         super().__init__("kimipd:router:Router", plan.role, None, opts)
         self.role = plan.role
         node = nodes[plan.node]
+        # Slot b standing in on router.node (the other door node out): its container and gate
+        # check under names of their own, so the copies on the node out are deleted (left out
+        # and dropped by `kimipd up`) and these created, not moved (docs/decisions.md).
+        placed = (f"{plan.role}-stand-in" if slot is not None and cfg.slot_stands_in(slot)
+                  else plan.role)
         # Where the markers, the leases and the scripts that talk to every slot are: router.node
         # (slot b on the other door node included, reached at its node's address).
         state_node = nodes[cfg.router.node]
@@ -200,14 +205,14 @@ class Router(pulumi.ComponentResource):
         # nothing to the router, so a change of them rolls the groups and leaves the router up.
         self.container = node_container(
             plan, node, depends_on=[*wait_for, *key_files],
-            parent=self, extra_labels=extra_labels,
+            parent=self, extra_labels=extra_labels, resource_name=placed,
             # The single router on router.port replaces the door's container there.
             aliases=[_door_container_alias()] if slot is None else (),
             image=node.image_id if cfg.router.kind == "rust" else None,
             stop_grace_seconds=(cfg.router.drain_timeout_seconds + 5
                                 if cfg.router.kind == "rust" else None))
-        self.gate = HealthGate(f"{plan.role}-ready", cfg, nodes, [plan], [self.container],
-                               opts=pulumi.ResourceOptions(parent=self))
+        self.gate = HealthGate(f"{placed}-ready", cfg, nodes, [plan], [self.container],
+                               opts=pulumi.ResourceOptions(parent=self), check_prefix=placed)
         self.restore: command.remote.Command | None = None
         if cfg.router.kind == "rust":
             # A new router starts with no worker: the groups already serving join it at once,
@@ -248,14 +253,16 @@ class Router(pulumi.ComponentResource):
             for other in others]
         # Replaced with the container, deleted before it: its delete is the drain, which waits
         # for the slot lease (the other slot up at the door): Pulumi alone would replace both
-        # slots at once (delete-before-replace deletes dependents first).
+        # slots at once (delete-before-replace deletes dependents first). Deleted before its
+        # own replacement too: when slot b moves (a container of another name), the old drain
+        # would otherwise run last, after the new slot's admission.
         self.door_drain = command.remote.Command(
             f"{role}-door-drain",
             connection=node.connection,
             create="true",
             delete=slot_drain_command(cfg, slot),
             triggers=[self.container.id],
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[
+            opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True, depends_on=[
                 self.container, door.container, *self.other_door_drains]))
         # "This slot should serve": gone first on destroy, so the drain then waits for nothing.
         self.door_want = command.remote.Command(

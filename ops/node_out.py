@@ -5,19 +5,14 @@ it would be deleted by the engine through its node (a remote command's delete di
 excluded (`--exclude`: kept in the state, untouched), and once it has converged they are dropped
 from the state (`pulumi state delete`), which contacts nothing. The groups that leave with the
 node are deleted by the update itself: drained out of every router slot on the router's node
-first, their ranks on other nodes stopped (docs/decisions.md, "Taking a node out").
-
-What the program now declares on another node (router slot b, which stands in on router.node
-while the other door node is out) cannot be created while its copy on the node out is excluded:
-the update leaves it and what depends on it, drops them from the state with the node, and a
-second update creates them where they now run."""
+first, their ranks on other nodes stopped (docs/decisions.md, "Taking a node out")."""
 
 from __future__ import annotations
 
 import json
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 from pulumi import automation as auto
@@ -124,50 +119,8 @@ def out_addresses(config: Mapping[str, Any]) -> list[str]:
             if isinstance(node, Mapping) and node.get("out") in (True, "true")]
 
 
-def excluded_for(resources: list[StateResource], addresses: list[str], deleted: set[str],
-                 declared: set[str]) -> Excluded:
-    """What an update leaves out for the nodes at ADDRESSES, from the state's RESOURCES and the
-    preview's DELETED and DECLARED URNs."""
-    on_nodes = resources_on(resources, addresses, deleted)
-    moved = [urn for urn in on_nodes if urn in declared]
-    kept = dependents_of(resources, moved) - set(on_nodes) - deleted
-    return Excluded(addresses, on_nodes, deleted, moved,
-                    [r.urn for r in resources if r.urn in kept])
-
-
 def preview_deletes(steps: Iterable[Mapping[str, Any]]) -> set[str]:
     return {step["urn"] for step in steps if step.get("op") in ("delete", "delete-replaced")}
-
-
-# A step that keeps the resource in the program: on a resource of a node out, it now runs
-# elsewhere (another provider or connection: a replace or an update).
-DECLARED_OPS = ("same", "update", "replace", "create-replacement", "create")
-
-
-def preview_declares(steps: Iterable[Mapping[str, Any]]) -> set[str]:
-    return {step["urn"] for step in steps if step.get("op") in DECLARED_OPS}
-
-
-@dataclass(frozen=True)
-class Excluded:
-    """What one `kimipd up` or `preview` leaves out for the nodes out."""
-
-    addresses: list[str]
-    # The state's resources on those nodes: left out, then dropped from the state.
-    on_nodes: list[str] = field(default_factory=list)
-    # Every URN the update deletes (the preview's delete steps).
-    deleted: set[str] = field(default_factory=set)
-    # Of on_nodes, those the program still declares, on another node now: dropped, then
-    # created by a second update.
-    moved: list[str] = field(default_factory=list)
-    # What depends on a moved resource and stays in the program (its gate, its place at the
-    # door, every admission): left out too, dropped with it and created again after it (an
-    # update against the old copy would wait for a router that is not there yet).
-    held: list[str] = field(default_factory=list)
-
-    @property
-    def urns(self) -> list[str]:
-        return [*self.on_nodes, *self.held]
 
 
 class OutUpdate:
@@ -180,38 +133,39 @@ class OutUpdate:
                  confirm: Callable[[str], str] = input) -> None:
         self.engine, self.out, self.confirm = engine, out, confirm
 
-    def excluded(self) -> Excluded:
+    def excluded(self) -> tuple[list[str], list[str], set[str]]:
+        """(out node addresses, the URNs of the state's resources on them, every URN the
+        update deletes)."""
         stack = self.engine.stack
         addresses = out_addresses({key: {"value": value.value}
                                    for key, value in stack.get_all_config().items()})
         if not addresses:
-            return Excluded([])
+            return [], [], set()
         resources = state_resources({"deployment": stack.export_stack().deployment or {}})
         if not resources_on(resources, addresses):
-            return Excluded(addresses)
+            return addresses, [], set()
         # A dry run: no provider is called, no node dialled; it says which components go.
         steps: list[dict[str, str]] = []
         stack.preview(on_event=lambda event: steps.append(
             {"op": auto.OpType(event.resource_pre_event.metadata.op).value,
              "urn": event.resource_pre_event.metadata.urn})
             if event.resource_pre_event is not None else None)
-        return excluded_for(resources, addresses, preview_deletes(steps),
-                            preview_declares(steps))
+        deleted = preview_deletes(steps)
+        return addresses, resources_on(resources, addresses, deleted), deleted
 
     def _say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
 
     def preview(self, diff: bool) -> int:
-        excluded = self.excluded()
-        self._announce(excluded, "preview")
-        self.engine.stack.preview(exclude=excluded.urns or None, diff=diff,
+        addresses, urns, _ = self.excluded()
+        self._announce(addresses, urns, "preview")
+        self.engine.stack.preview(exclude=urns or None, diff=diff,
                                   on_output=lambda line: self._say(line))
         return 0
 
     def up(self, diff: bool, yes: bool, message: str | None = None) -> int:
-        excluded = self.excluded()
-        addresses, urns, deleted = excluded.addresses, excluded.urns, excluded.deleted
-        self._announce(excluded, "up")
+        addresses, urns, deleted = self.excluded()
+        self._announce(addresses, urns, "up")
         stack = self.engine.stack
         if not yes:
             stack.preview(exclude=urns or None, diff=diff,
@@ -245,21 +199,8 @@ class OutUpdate:
                               f"that stay failed: {str(error).strip().splitlines()[-1][:300]}")
                     return 1
             self._state_delete([urn for urn in urns if urn not in first])
-            self._say(f"kimipd up: {len(excluded.on_nodes)} resources of {', '.join(addresses)} "
-                      "dropped from the state, none contacted"
-                      + (f" ({len(excluded.moved)} of them run elsewhere now, and "
-                         f"{len(excluded.held)} on the nodes that stay depend on those)"
-                         if excluded.moved else ""))
-        if excluded.moved:
-            self._say(f"kimipd up: creating the {len(excluded.moved)} resources that moved off "
-                      f"{', '.join(addresses)} and the {len(excluded.held)} that depend on them")
-            try:
-                stack.up(diff=diff, message=message, show_secrets=False,
-                         on_output=lambda line: self._say(line))
-            except auto.CommandError as error:
-                self._say(f"kimipd up: creating them failed (the next `kimipd up` tries again): "
-                          f"{str(error).strip().splitlines()[-1][:300]}")
-                return 1
+            self._say(f"kimipd up: {len(urns)} resources of {', '.join(addresses)} dropped from "
+                      "the state, none contacted")
         return 0
 
     def _state_delete(self, urns: list[str]) -> None:
@@ -269,19 +210,12 @@ class OutUpdate:
             self.engine.stack._run_pulumi_cmd_sync(  # noqa: SLF001 - no API for it
                 ["state", "delete", *reversed(urns), "--yes", "--force"])
 
-    def _announce(self, excluded: Excluded, operation: str) -> None:
-        addresses, urns = excluded.addresses, excluded.on_nodes
+    def _announce(self, addresses: list[str], urns: list[str], operation: str) -> None:
         if urns:
             self._say(f"kimipd {operation}: {', '.join(addresses)} out: {len(urns)} resources "
                       f"there are left out of this {operation} and not contacted"
                       + ("; dropped from the state once it converges" if operation == "up"
                          else ""))
-            if excluded.moved:
-                self._say(f"kimipd {operation}: {len(excluded.moved)} of them run elsewhere "
-                          f"now, and {len(excluded.held)} on the nodes that stay depend on "
-                          "those: left out too, then created "
-                          + ("by a second update" if operation == "up"
-                             else "by `kimipd up`'s second update"))
         elif addresses:
             self._say(f"kimipd {operation}: {', '.join(addresses)} out; the state holds nothing "
                       "of them")

@@ -146,6 +146,12 @@ class ClusterConfig(Model):
         other = next((node for node in door.nodes if node != self.router.node), self.router.node)
         return self.router.node if other in self.out_nodes else other
 
+    def slot_stands_in(self, slot: str) -> bool:
+        """Whether SLOT (b) runs on router.node in place of the other door node, taken out."""
+        door = self.router.door
+        return (door is not None and door.nodes is not None and slot != SLOT_NAMES[0]
+                and self.slot_node(slot) == self.router.node)
+
     @property
     def door_nodes(self) -> list[str]:
         """The nodes a door stands on: none, router.node, or router.door.nodes (two, one of

@@ -107,6 +107,11 @@ def out_node_notes(cfg: ClusterConfig) -> list[str]:
                 "slot (drained on the router's node) and "
                 f"{'is' if len(groups) == 1 else 'are'} deleted, ranks on other nodes included"
                 if groups else "no group runs there")
+        door = cfg.router.door
+        if door is not None and door.nodes is not None and address in door.nodes:
+            went += (f"; its door, keepalived and router slot b go too: {cfg.router.node} "
+                     "carries the door and its virtual IP alone, slot b stands in there at its "
+                     "own ports")
         notes.append(
             f"node {address} is out (nodes[].out): {went}. Nothing on {address} is contacted: "
             "`scripts/kimipd -s STACK up` runs this update without its resources and then drops "

@@ -326,7 +326,13 @@ def test_a_lost_door_node_goes_out_without_a_connection_and_comes_back_failing_n
         stack: auto.Stack, sim: SimCluster, project: Project) -> None:
     """The other door node (its door, keepalived, slot b and decode-b's rank 0) lost, then
     taken out with one `kimipd up` that never contacts it: router.node carries the address
-    alone and slot b stands in there; then put back, both door nodes as before."""
+    alone and slot b stands in there; then put back, both door nodes as before. The stack's
+    file as it was if it fails half way (the next tests' `up`s then put the node back)."""
+    with stack_file_kept(project):
+        out_and_back(stack, sim, project)
+
+
+def out_and_back(stack: auto.Stack, sim: SimCluster, project: Project) -> None:
     nodes = current_values(project)["nodes"]
     set_link(LOST, up=False)
     try:
@@ -347,7 +353,6 @@ def test_a_lost_door_node_goes_out_without_a_connection_and_comes_back_failing_n
         print(load.summary("door node taken out, its link down") + f"; the up took {took:.0f}s")
         assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
         assert "dropped from the state, none contacted" in out.stdout
-        assert "run elsewhere now" in out.stdout, out.stdout[-3000:]
         assert not load.failed(), load.summary("door node out")
         # The Automation API's export shows the secrets (a connection is one): read as
         # kimipd up reads it, by host and docker provider.

@@ -108,28 +108,25 @@ def test_a_failed_heal_names_each_failing_resource_and_its_error_lines() -> None
 class FakeStack:
     """What OutUpdate asks of an Automation API stack, answered from the state above."""
 
-    def __init__(self, config_out: bool = True, fail_up: bool = False,
-                 state: dict | None = None, steps: dict[str, auto.OpType] | None = None) -> None:
+    def __init__(self, config_out: bool = True, fail_up: bool = False) -> None:
         nodes = [{"address": "10.231.60.7"}, {"address": "10.231.60.8", "out": config_out}]
         self.config = {"kimipd:nodes": auto.ConfigValue(value=json.dumps(nodes))}
         self.fail_up = fail_up
-        self.state = state or STATE
-        self.steps = steps or {urn: auto.OpType.DELETE for urn in (NODE8, GROUP, GROUP + "-r0")}
         self.calls: list[tuple[str, object]] = []
 
     def get_all_config(self) -> dict:
         return self.config
 
     def export_stack(self) -> auto.Deployment:
-        return auto.Deployment(version=3, deployment=self.state["deployment"])
+        return auto.Deployment(version=3, deployment=STATE["deployment"])
 
     def preview(self, on_event=None, exclude=None, diff=False, on_output=None) -> None:
         self.calls.append(("preview", exclude))
-        for urn, op in self.steps.items():
+        for urn in (NODE8, GROUP, GROUP + "-r0"):
             if on_event is not None:
                 on_event(auto.EngineEvent(sequence=1, timestamp=0, resource_pre_event=(
                     auto.ResourcePreEvent(metadata=auto.StepEventMetadata(
-                        op=op, urn=urn, type="", provider="")))))
+                        op=auto.OpType.DELETE, urn=urn, type="", provider="")))))
 
     def up(self, exclude=None, diff=False, message=None, on_output=None,
            show_secrets=True) -> None:
@@ -185,40 +182,3 @@ def test_with_no_node_out_it_is_a_plain_up() -> None:
     stack = FakeStack(config_out=False)
     assert OutUpdate(FakeEngine(stack), io.StringIO()).up(False, True) == 0  # type: ignore[arg-type]
     assert stack.calls == [("up", None)]
-
-
-ROUTER_B = P + "kimipd:cluster:Cluster$kimipd:router:Router::router-b"
-# Slot b on the door node taken out: its container moves to router.node (a replace: another
-# docker provider), and router.node's commands of the slot depend on it.
-MOVED_STATE = {"deployment": {"resources": [
-    *STATE["deployment"]["resources"],
-    entry(ROUTER_B, "kimipd:router:Router", CLUSTER),
-    entry(ROUTER_B + "-container", "docker:index/container:Container", ROUTER_B, PROVIDER8),
-    {**entry(ROUTER_B + "-door-admit", "command:remote:Command", ROUTER_B,
-             connection={"host": "10.231.60.5"}), "dependencies": [ROUTER_B + "-container"]},
-    {**entry(P + "readiness", "command:remote:Command", CLUSTER,
-             connection={"host": "10.231.60.5"}),
-     "dependencies": [ROUTER_B + "-door-admit", GROUP + "-r0"]},
-]}}
-
-
-def test_what_moves_off_the_node_out_is_dropped_with_its_dependents_then_created() -> None:
-    steps = {NODE8: auto.OpType.DELETE, GROUP: auto.OpType.DELETE,
-             GROUP + "-r0": auto.OpType.DELETE, ROUTER_B + "-container": auto.OpType.REPLACE,
-             ROUTER_B + "-door-admit": auto.OpType.SAME, P + "readiness": auto.OpType.UPDATE}
-    stack, out = FakeStack(state=MOVED_STATE, steps=steps), io.StringIO()
-    assert OutUpdate(FakeEngine(stack), out).up(diff=False, yes=True) == 0  # type: ignore[arg-type]
-    on_node = resources_on(state_resources(MOVED_STATE), ["10.231.60.8"], {NODE8, GROUP})
-    assert ROUTER_B + "-container" in on_node
-    held = [ROUTER_B + "-door-admit", P + "readiness"]
-    # The first update leaves the moved container and what depends on it alone.
-    assert stack.calls[1] == ("up", [*on_node, *held])
-    deleted = [urn for name, args in stack.calls if name == "cli"
-               for urn in args[2:-2]]  # type: ignore[index]
-    assert set(held) | set(on_node) <= set(deleted)
-    # Dependents leave the state before what they depend on.
-    assert deleted.index(P + "readiness") < deleted.index(ROUTER_B + "-door-admit") \
-        < deleted.index(ROUTER_B + "-container")
-    # Then a second, plain update creates them where they run now.
-    assert stack.calls[-1] == ("up", None)
-    assert "1 of them run elsewhere now" in out.getvalue()

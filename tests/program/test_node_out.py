@@ -90,3 +90,25 @@ def test_what_must_stay_is_refused_by_name(values: dict, addresses: tuple[str, .
     message, run = run_refused(taken_out(values, *addresses))
     assert expected in message, message
     assert run.resources == [] or all(r.type == "pulumi:pulumi:Stack" for r in run.resources)
+
+
+OTHER_DOOR_NODE = "10.231.60.7"  # the other door node (router.door.nodes), decode-b's rank 0
+
+
+def test_the_other_door_node_out_leaves_router_node_the_door_and_slot_b(values: dict) -> None:
+    run = run_program(taken_out(values, OTHER_DOOR_NODE))
+    assert [r.name for r in run.resources if dials(r) == OTHER_DOOR_NODE] == []
+    containers = run.containers()
+    assert "router-b" in containers and "router-a" in containers
+    assert containers["router-b"].provider.split("::")[-2] == "node-10-231-60-5-docker"
+    # Under a name of its own: the copy on the node out is deleted (dropped), not moved.
+    assert containers["router-b"].name == "router-b-stand-in"
+    assert "router-b-stand-in-health" in {r.name for r in run.resources}
+    roles = set(containers)
+    assert {"door", "keepalived"} <= roles
+    assert not [role for role in roles if role.endswith("10-231-60-7")], sorted(roles)
+    door = run.stack_outputs["door"]
+    assert (list(door["nodes"]), door["nodesOut"]) == (["10.231.60.5"], [OTHER_DOOR_NODE])
+    assert door["slots"]["b"]["url"] == "http://10.231.60.5:31002"
+    notes = [w for w in run.warnings if "is out" in w]
+    assert len(notes) == 1 and "slot b stands in there" in notes[0], run.warnings
