@@ -120,7 +120,10 @@ def out_addresses(config: Mapping[str, Any]) -> list[str]:
 
 
 def preview_deletes(steps: Iterable[Mapping[str, Any]]) -> set[str]:
-    return {step["urn"] for step in steps if step.get("op") in ("delete", "delete-replaced")}
+    """What the update deletes and does not create again. Not a replacement's delete: the
+    resource is still in the state afterwards (slot b's door drain, replaced when slot b stands
+    in on router.node), and destroying it as a leftover would run its delete, a drain."""
+    return {step["urn"] for step in steps if step.get("op") == "delete"}
 
 
 class OutUpdate:
