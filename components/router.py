@@ -222,7 +222,11 @@ class Router(pulumi.ComponentResource):
                 connection=state_node.connection,
                 create=restore_command(cfg, slot),
                 triggers=[self.container.id],
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.gate]))
+                # Its old copy goes first (it has no delete command): when slot b moves off a
+                # node out, a copy left to be deleted last depends on that node's resources,
+                # which `kimipd up` leaves out, and kept the state from dropping them.
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.gate],
+                                            delete_before_replace=True))
         self.at_door: command.remote.Command | None = None
         if slot is not None and doors:
             self._behind_doors(cfg, nodes, slot, doors)
