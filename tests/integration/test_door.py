@@ -551,6 +551,7 @@ def test_the_router_node_lost_fails_only_what_was_open_on_it(
             set_link(ROUTER_NODE, up=False)
             moved = wait_for(lambda: holder() == [OTHER_DOOR_NODE], 5,
                              "the other door node holds the address", every=0.05)
+            moved_at = time.monotonic()
             time.sleep(max(0.0, 60 - (time.monotonic() - cut)))
             set_link(ROUTER_NODE, up=True)
             back = time.monotonic()
@@ -565,8 +566,12 @@ def test_the_router_node_lost_fails_only_what_was_open_on_it(
     print(load.summary("router.node's link cut for 60 s") + f"; the address moved within "
           f"{moved:.2f}s; {sum(1 for r in failed if r.sent < cut)} of the failed were open at "
           "the cut")
-    # Only what was open on the node at the cut: sent before it (a stream takes about 1 s).
-    assert all(r.sent < cut for r in failed), [(round(r.sent - cut, 2), r.error) for r in failed]
+    # Only what the lost node had: sent before the address left it (a stream takes about 1 s;
+    # a request sent on a kept-alive connection in the failover's fraction of a second is reset
+    # by the new holder, which has no such connection).
+    late = [(round(r.sent - cut, 2), r.error) for r in failed if r.sent >= cut]
+    print(f"sent after the cut and failed: {late}")
+    assert all(r.sent < moved_at for r in failed), late
     assert len(load.results) > 600
     assert moved < 1.0
     assert not flapped, flapped
