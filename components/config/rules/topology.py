@@ -162,9 +162,10 @@ def out_nodes_keep_the_cluster_serving(cfg: ClusterConfig) -> Iterable[str]:
     for address, index in out.items():
         key = f"nodes[{index}].out"
         if address == cfg.router.node:
-            yield (f"{key}: {address!r} holds the router (router.node) and its door, which "
-                   "stand on one node: move router.node to a node that stays, in its own "
-                   "reviewed `up`, before taking this one out.")
+            yield (f"{key}: {address!r} holds the router (router.node): its slot, the slot "
+                   "lease and the rollout's markers are there (with two door nodes the other "
+                   "only follows): move router.node to a node that stays, in its own reviewed "
+                   "`up`, before taking this one out.")
         if address == cfg.mooncake_master.node:
             yield (f"{key}: {address!r} runs the Mooncake master (mooncakeMaster.node), which "
                    "every group's KV transfer needs: set mooncakeMaster.node to a node that "
