@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +68,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 def pytest_terminal_summary(terminalreporter) -> None:
     if not _module_seconds:
         return
+    # scripts/test reads them back for the run's budget (tests/run_times.py).
+    times_file = os.environ.get("KIMIPD_MODULE_TIMES")
+    if times_file:
+        Path(times_file).write_text(json.dumps(_module_seconds))
     terminalreporter.section("wall time per module")
     for module, seconds in sorted(_module_seconds.items(), key=lambda item: -item[1]):
         terminalreporter.write_line(f"{seconds:8.1f} s  {module}")
