@@ -9,13 +9,13 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests import fake_servers
 from tests.conftest import REPO
 
 ASSETS = REPO / "assets"
@@ -269,11 +269,9 @@ def health_server() -> Iterator[tuple[str, list[int]]]:
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    fake_servers.serve(server)
     yield f"http://127.0.0.1:{server.server_address[1]}/health", codes
-    server.shutdown()
-    server.server_close()
+    fake_servers.stop(server)
 
 
 def fake_docker(tmp_path: Path, state: str) -> dict:

@@ -331,9 +331,9 @@ def test_container_plans(pro6000: dict) -> None:
 import http.server  # noqa: E402 (this section's own imports)
 import socket  # noqa: E402
 import subprocess  # noqa: E402
-import threading  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 
+from tests import fake_servers  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
 
 
@@ -387,10 +387,9 @@ def answering_404() -> Iterator[str]:
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    fake_servers.serve(server)
     yield f"http://127.0.0.1:{server.server_address[1]}/health"
-    server.shutdown()
-    server.server_close()
+    fake_servers.stop(server)
 
 
 def _wait_healthy(tmp_path, state: str, *args: str) -> subprocess.CompletedProcess:

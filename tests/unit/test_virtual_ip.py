@@ -22,6 +22,7 @@ from components.config.placeholders import KEEPALIVED_IMAGE_PLACEHOLDER
 from components.render.keepalived import (advert_interval, door_check_file, keepalived_config,
                                           keepalived_config_file, keepalived_plan,
                                           keepalived_state_file)
+from tests import fake_servers
 
 VIP = "174.1.60.100"
 KEEPALIVED_IMAGE = "registry.example/kimipd/keepalived@sha256:" + "b" * 64
@@ -327,11 +328,10 @@ class _Door:
 
         self.server = http.server.HTTPServer(("127.0.0.1", 0), Health)
         self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        fake_servers.serve(self.server)
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        fake_servers.stop(self.server)
 
 
 def _until(condition, what: str, seconds: float = 30) -> None:
@@ -500,5 +500,10 @@ def test_a_door_that_resets_connections_is_down_and_the_loop_lives_on(
         assert script.poll() is None, script.stdout.read() if script.stdout else ""
         assert _check(tmp_path) in ("1", "")
     finally:
+        # close() alone leaves the thread's accept() blocked on the socket; shutdown() wakes it.
+        try:
+            listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         listener.close()
         _end(script)
