@@ -124,7 +124,7 @@ class Cluster:
                 process.wait(10)
             except subprocess.TimeoutExpired:
                 process.kill()
-                process.wait()
+                process.wait(10)
 
 
 @pytest.fixture(scope="module")
@@ -178,19 +178,27 @@ def test_admission_waits_for_a_slot_that_answers_late(cluster: Cluster) -> None:
         assert "decode-b: admitted, healthy in 2 routers" in admitted.stdout, admitted.stdout
         assert "decode-b" in cluster.healthy(late)
     finally:
-        starter.join()
+        starter.join(60)  # the router's start waits for its /health at most 30 s
         late_router = cluster.by_name["router-late"]
         late_router.terminate()
-        late_router.wait(10)
+        try:
+            late_router.wait(10)
+        except subprocess.TimeoutExpired:
+            late_router.kill()
+            late_router.wait(10)
 
 
 def test_admission_goes_on_without_a_slot_silent_past_the_grace(cluster: Cluster) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
     started = time.monotonic()
-    admitted = cluster.members("admit", "decode-b", "--router", dead, "--silent-grace", "1")
+    admitted = cluster.members("admit", "decode-b", "--router", dead, "--silent-grace", "1",
+                               timeout=110)
+    took = time.monotonic() - started
     assert admitted.returncode == 0, admitted.stderr
     assert f"{dead} has not answered for 1s: admitted without it" in admitted.stdout
-    assert 1.0 <= time.monotonic() - started < 15
+    # The 1 s grace and the script's start: ~2 s. Without the grace it would wait 55 s (half the
+    # timeout) or until the timeout.
+    assert 1.0 <= took < 20, took
     assert "decode-b" in cluster.healthy()
 
 
@@ -210,30 +218,47 @@ def test_the_lease_lets_one_group_of_a_mode_out_at_a_time(cluster: Cluster) -> N
     assert cluster.members("admit", "decode-b").returncode == 0
 
 
+def running_requests(url: str) -> int:
+    """The stand-in's own count of the requests it runs (SGLang's /get_load)."""
+    with urllib.request.urlopen(url + "/get_load", timeout=5) as response:
+        loads = json.load(response)
+    return sum(load["num_reqs"] + load["num_waiting_reqs"]
+               for load in (loads if isinstance(loads, list) else [loads]))
+
+
 def test_a_drain_waits_for_the_request_in_flight(cluster: Cluster) -> None:
-    """decode-a generates 4 tokens/s: a 12-token request is in flight there for about 3 s."""
-    outcome: dict[str, int] = {}
+    """decode-a generates 4 tokens/s: a 32-token request is in flight there for about 8 s, far
+    longer than decode-b's admission before the drain (~1 s)."""
+    outcome: dict[str, float] = {}
 
     def slow_request() -> None:
-        body = json.dumps({"text": "slow", "sampling_params": {"max_new_tokens": 12}}).encode()
+        body = json.dumps({"text": "slow", "sampling_params": {"max_new_tokens": 32}}).encode()
         request = urllib.request.Request(cluster.router + "/generate", data=body, headers={
             "Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+        outcome["sent"] = time.monotonic()
         with urllib.request.urlopen(request, timeout=60) as response:
+            response.read()
             outcome["status"] = response.status
+        outcome["answered"] = time.monotonic()
 
     # decode-b out, so the request surely goes to decode-a; then decode-a drained under it.
     assert cluster.members("drain", "decode-b", "--drain-timeout", "5").returncode == 0
-    client = threading.Thread(target=slow_request)
+    client = threading.Thread(target=slow_request, daemon=True)
     client.start()
-    time.sleep(1.0)
+    wait_until(lambda: running_requests(cluster.urls["decode-a"]) == 1, 30,
+               "the request running on decode-a")
     cluster.members("admit", "decode-b")
     started = time.monotonic()
     drained = cluster.members("drain", "decode-a", "--drain-timeout", "30")
-    took = time.monotonic() - started
-    client.join(30)
+    returned = time.monotonic()
+    client.join(60)
     assert drained.returncode == 0, drained.stderr
     assert outcome.get("status") == 200, "the request in flight on the drained group failed"
-    assert took >= 1.0 and "no requests running" in drained.stdout, (took, drained.stdout)
+    assert "no requests running" in drained.stdout, drained.stdout
+    # The drain began with the request in flight, and returned no earlier than its last token
+    # was due (31 tokens after the first, at 4 tokens/s): it waited for it.
+    assert started < outcome["answered"], (started, outcome)
+    assert returned - outcome["sent"] >= 31 / 4, (outcome, returned)
     assert cluster.members("admit", "decode-a").returncode == 0
 
 
@@ -283,10 +308,12 @@ def test_every_group_of_a_mode_dead_is_drained_without_waiting_for_a_peer(
         process.wait(10)
     started = time.monotonic()
     for name in ("decode-c", "decode-d"):
-        drained = cluster.members("drain", name, "--drain-timeout", "5", timeout=30)
+        drained = cluster.members("drain", name, "--drain-timeout", "5", timeout=50)
         assert drained.returncode == 0, drained.stderr
         assert "its rank 0 is not running" in drained.stdout, drained.stdout
-    assert time.monotonic() - started < 20, "a dead group's drain waited for a peer"
+    # Two script starts, ~1 s each; a drain that waited for a peer would wait out its 50 s.
+    took = time.monotonic() - started
+    assert took < 20, f"a dead group's drain waited for a peer ({took:.1f}s)"
     assert "decode-c" not in cluster.healthy() and "decode-d" not in cluster.healthy()
     # A live group whose only peer is dead still waits: the rollout keeps one serving.
     for name in ("decode-a", "decode-b"):
