@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import selectors
 import shlex
 import signal
 import socket
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ops.remote import CommandTimeout, RemoteError, RemoteResult
+from tests import fake_servers
 from tests.conftest import REPO
 
 STANDIN_DIR = REPO / "sim" / "standin"
@@ -165,11 +167,10 @@ class HealthServer:
 
         self.server = ThreadingHTTPServer((host, free_port(host)), Handler)
         self.url = f"http://{host}:{self.server.server_address[1]}/health"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        fake_servers.serve(self.server)
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        fake_servers.stop(self.server)
 
 
 @dataclass
@@ -328,20 +329,49 @@ class LocalNodes:
                                      f"{timeout:g}s")
             return self._inspect(node, [a for a in argv[2:] if not a.startswith("-")
                                         and a != "container"])
+        # A session of its own: a command past its timeout goes with whatever it started.
         popen = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 env=os.environ | QUIET_ENV)
+                                 env=os.environ | QUIET_ENV, start_new_session=True)
+        try:
+            return self._collect(node, command, popen, timeout, stdin, on_stdout)
+        finally:
+            if popen.poll() is None:
+                os.killpg(popen.pid, signal.SIGKILL)
+                popen.wait(timeout=10)
+            popen.stdout.close()
+            popen.stderr.close()
+
+    @staticmethod
+    def _collect(node: str, command: str, popen: subprocess.Popen, timeout: float,
+                 stdin: bytes | None, on_stdout) -> RemoteResult:
+        """POPEN's output until it ends, within TIMEOUT as the SSH transport's (CommandTimeout
+        past it); stdout in chunks as they come, as the SSH transport hands them over (verify
+        times them)."""
         if stdin:
             popen.stdin.write(stdin)
         popen.stdin.close()
-        stdout = bytearray()
-        # Chunks as they come, as the SSH transport hands them over (verify times them).
-        while True:
-            chunk = os.read(popen.stdout.fileno(), 65536)
-            if not chunk:
-                break
-            stdout += chunk
-            if on_stdout is not None:
-                on_stdout(chunk)
-        stderr = popen.stderr.read()
-        return RemoteResult(node, command, popen.wait(timeout=timeout), bytes(stdout), stderr)
+        deadline = time.monotonic() + timeout
+        stdout, stderr = bytearray(), bytearray()
+        with selectors.DefaultSelector() as selector:
+            selector.register(popen.stdout, selectors.EVENT_READ, stdout)
+            selector.register(popen.stderr, selectors.EVENT_READ, stderr)
+            while selector.get_map():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise CommandTimeout(f"ssh {node}: `{command}` did not finish within "
+                                         f"{timeout:g}s")
+                for key, _ in selector.select(left):
+                    chunk = os.read(key.fd, 65536)
+                    if not chunk:
+                        selector.unregister(key.fileobj)
+                        continue
+                    key.data.extend(chunk)
+                    if key.data is stdout and on_stdout is not None:
+                        on_stdout(chunk)
+        try:
+            status = popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            raise CommandTimeout(f"ssh {node}: `{command}` did not finish within "
+                                 f"{timeout:g}s") from None
+        return RemoteResult(node, command, status, bytes(stdout), bytes(stderr))
