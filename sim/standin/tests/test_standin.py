@@ -353,8 +353,10 @@ def test_single_node_api_and_sigterm(launcher):
     port = free_port()
     p = launcher.server("solo", ["--model-path", str(launcher.model_dir), "--served-model-name",
                                  "kimi-k3", "--host", HOST, "--port", str(port), "--tp", "8"],
-                        env={"SGLANG_STANDIN_LOAD_SECONDS": "2"})
+                        env={"SGLANG_STANDIN_LOAD_SECONDS": "5"})
     url = f"http://{HOST}:{port}"
+    # Loading for 5 s: the eight requests below (~0.05 s each) are answered while it loads, with
+    # room for a busy machine.
     wait_for(lambda: http("GET", url + "/health")[0] in (200, 503), 15, "HTTP up")
     assert health(url) == 503  # still "loading"
     code, text = http("GET", url + "/health_generate")
@@ -389,8 +391,10 @@ def test_single_node_api_and_sigterm(launcher):
 
     t0 = time.monotonic()
     p.popen.send_signal(signal.SIGTERM)
-    assert p.popen.wait(timeout=5) == 0
-    assert time.monotonic() - t0 < 3
+    assert p.popen.wait(timeout=15) == 0
+    # SGLang's rank exits at once on SIGTERM (~0.1 s here); one that drained or waited for its
+    # threads would take its timeouts' seconds.
+    assert time.monotonic() - t0 < 5
 
 
 # ------------------------------------------------------------------------------------------------
@@ -576,11 +580,16 @@ def test_pd_groups_health_bootstrap_and_kv(launcher):
     body = {"text": "Tell me a story", "sampling_params": {"max_new_tokens": 12},
             "bootstrap_host": HOST, "bootstrap_port": pg["boot"], "bootstrap_room": room}
     res = {}
-    t = threading.Thread(target=lambda: res.update(d=http("POST", dg["url"] + "/generate", body)))
+    t = threading.Thread(target=lambda: res.update(d=http("POST", dg["url"] + "/generate", body)),
+                         daemon=True)
     t.start()
-    time.sleep(0.3)  # decode waits for the KV
+    # decode has the request (running, waiting for the KV) before the 0.3 s: its first token
+    # comes at least 0.3 s after it arrived, however late the thread ran
+    wait_for(lambda: metric(scrape(dg["url"]), "sglang:num_running_reqs") == 1, 10,
+             "decode running the request", interval=0.02)
+    time.sleep(0.3)
     pc, ptext = http("POST", pg["url"] + "/generate", body)
-    t.join(10)
+    t.join(15)
     assert pc == 200, ptext
     dc, dtext = res["d"]
     assert dc == 200, dtext
@@ -887,14 +896,19 @@ def paced_pd(launcher):
     return router, url, pg
 
 
-# What the router hop, HTTP and a busy 2-core CI machine may add to a simulated duration.
-OVERHEAD_SECONDS = 0.35
+# A busy 2-core machine only makes a paced answer later (the worst seen: a first token 0.75 s
+# late), by up to ROOM times the simulated time here. How close the pacing comes on an idle
+# machine (within 10 %) is a figure, not a test: `scripts/bench --only B8` prints kimipd
+# verify's measure of it through MiniLB (bench/verify_speeds.py).
+ROOM = 3
 
 
 def paced(measured: float, simulated: float) -> bool:
-    """Never faster than the simulated time (it is a floor), and no slower than it plus the
-    overhead of the path: a broken pacing (instant, doubled) fails either way."""
-    return 0.95 * simulated <= measured <= simulated + OVERHEAD_SECONDS
+    """Never faster than the simulated time (a floor: the stand-in paces from the request's
+    arrival, 5 % for the clocks), and under ROOM times it: no pacing fails the floor, a rate
+    misread by a factor of 4 or more (a prompt counted in characters, a rate per 10 s) the
+    ceiling."""
+    return 0.95 * simulated <= measured < ROOM * simulated
 
 
 @needs_router
@@ -919,7 +933,11 @@ def test_streaming_through_mini_lb_paces_prefill_and_decode(paced_pd):
     assert metas[-1]["finish_reason"] == {"type": "length", "length": 50}
     ttft, e2e = chunks[0][0], chunks[-1][0]
     assert paced(ttft, 1000 / 2000), f"prefill {1000 / ttft:.0f} tokens/s, configured 2000"
-    assert paced(e2e - ttft, 49 / 100), f"decode {49 / (e2e - ttft):.1f} tokens/s, configured 100"
+    assert paced(e2e, 1000 / 2000 + 49 / 100), f"{e2e:.2f}s for 0.5 s of prefill, 0.49 of decode"
+    # Each token no earlier than due, the n-th n/100 s after the first: paced, not sent at once.
+    # (Not e2e - ttft: a first token seen late, its followers on time, makes that short.)
+    late = [(n, at) for n, (at, _) in enumerate(chunks) if at < 0.95 * (1000 / 2000 + n / 100)]
+    assert not late, f"tokens before they were due (index, seconds): {late[:5]}"
 
 
 @needs_router
@@ -949,7 +967,9 @@ def test_rates_default_to_instant(launcher):
     code, text = http("POST", g["url"] + "/generate",
                       {"input_ids": [1] * 5000, "sampling_params": {"max_new_tokens": 200}})
     assert code == 200, text
-    assert time.monotonic() - started < 1.0
+    # Instant: ~0.1 s. At the rates the paced tests set (2000 and 100 tokens/s) it would take
+    # 4.5 s.
+    assert time.monotonic() - started < 2.0
     assert json.loads(text)["meta_info"]["completion_tokens"] == 200
 
 
@@ -1044,11 +1064,12 @@ def test_metrics_count_tokens_requests_and_ttft(launcher):
         code, text = http("POST", url + "/generate", body, timeout=30)
         assert code == 200, text
     n_seqs, prompt, generated = 5, 5 * 600, 3 + 1 + 2 + 2 * 2
-    # streamed: one request of 600 prompt tokens and 20 output tokens (0.3 s, then 19 / 20 s);
+    # streamed: one request of 600 prompt tokens and 40 output tokens (0.3 s, then 39 / 20 s);
     # while it runs, num_running_reqs is 1
     res: Dict[str, object] = {}
     t = threading.Thread(target=lambda: res.update(r=stream_generate(url, {
-        "input_ids": [9] * 600, "sampling_params": {"max_new_tokens": 20}, "stream": True})))
+        "input_ids": [9] * 600, "sampling_params": {"max_new_tokens": 40}, "stream": True})),
+        daemon=True)
     t.start()
     try:
         wait_for(lambda: metric(scrape(url), "sglang:num_running_reqs") == 1, 5,
@@ -1056,7 +1077,7 @@ def test_metrics_count_tokens_requests_and_ttft(launcher):
     finally:
         t.join(30)
     status, events, _ = res["r"]
-    assert status == 200 and len(events) == 21, events  # 20 tokens and [DONE]
+    assert status == 200 and len(events) == 41, events  # 40 tokens and [DONE]
 
     after = scrape(url)
     assert metric(after, "sglang:num_running_reqs") == 0
@@ -1071,7 +1092,7 @@ def test_metrics_count_tokens_requests_and_ttft(launcher):
     assert grew("sglang:generation_tokens_total", "false") == generated
     assert grew("sglang:num_requests_total", "false") == n_seqs
     assert grew("sglang:prompt_tokens_total", "true") == 600
-    assert grew("sglang:generation_tokens_total", "true") == 20
+    assert grew("sglang:generation_tokens_total", "true") == 40
     assert grew("sglang:num_requests_total", "true") == 1
     for name in ("sglang:prompt_tokens_total", "sglang:generation_tokens_total",
                  "sglang:num_requests_total"):
@@ -1086,8 +1107,9 @@ def test_metrics_count_tokens_requests_and_ttft(launcher):
                if s.name.endswith("_bucket") and s.labels.get("is_streaming") == stream]
         assert les == TTFT_LE
         # every first token came >= 0.3 s after its request (600 prompt tokens at 2000/s); the
-        # batch's second sequence waited for the first one too: >= 0.6 s. The streamed one's
-        # last token came ~1.25 s after it: the histogram has the first.
+        # batch's second sequence waited for the first one too: >= 0.6 s. The ceiling, 1.2 s a
+        # sequence over that, is room for a busy machine that still tells the streamed one's
+        # first token from its last (2.25 s after the request): the histogram has the first.
         le_02 = (metric(after, "sglang:time_to_first_token_seconds_bucket", le="0.2",
                         is_streaming=stream, **tok)
                  - metric(before, "sglang:time_to_first_token_seconds_bucket", le="0.2",
@@ -1095,7 +1117,7 @@ def test_metrics_count_tokens_requests_and_ttft(launcher):
         assert le_02 == 0, stream
         least = 0.3 * n + (0.3 if stream == "false" else 0.0)
         total = grew("sglang:time_to_first_token_seconds_sum", stream)
-        assert least <= total < least + 0.6 * n, (stream, total)
+        assert least <= total < least + 1.2 * n, (stream, total)
     assert series_labels(after, "sglang:time_to_first_token_seconds_count") == [
         dict(tok, is_streaming="false"), dict(tok, is_streaming="true")]
     # the stand-in's own: one per HTTP generation request
