@@ -91,7 +91,8 @@ def release(tmp_path_factory) -> Release:
         if not path.exists():
             pytest.skip(f"{path} missing: cannot fabricate the release tarballs")
     version = subprocess.run([cli, "version"], capture_output=True, text=True, check=True,
-                             env={"PATH": BARE_PATH, "PULUMI_HOME": pulumi_home}).stdout.strip()
+                             env={"PATH": BARE_PATH, "PULUMI_HOME": pulumi_home},
+                             timeout=120).stdout.strip()
     version = version.removeprefix("v")
     out = tmp_path_factory.mktemp("release")
 
@@ -171,7 +172,10 @@ def test_a_fresh_cache_installs_the_cli_tarball_and_the_plugin_tarballs(release:
     print(f"warm: {warm.seconds:.1f}s")
     assert "unpacking" not in warm.stderr and "plugin install" not in warm.stderr, warm.stderr
     assert warm.stderr.count("already installed") == 2
-    assert warm.seconds < 10
+    # A warm run checks files and asks the CLI its version: 0.4 s, and 10 s is room for a busy
+    # machine. One that waited on something would not make it: the network probe (curl
+    # --max-time 10) or a Go build (minutes); a redone unpack or install the lines above name.
+    assert warm.seconds < 10, f"warm: {warm.seconds:.1f}s"
 
 
 def test_a_digest_mismatch_is_refused_naming_the_file(release: Release, tmp_path: Path) -> None:
