@@ -135,6 +135,7 @@ def test_the_notify_fifo_s_reader_writes_each_state_in_the_order_keepalived_sent
     finally:
         if reader.poll() is None:
             reader.kill()
+            reader.wait(timeout=10)
     assert state.read_text() == "BACKUP\n"
     assert not (tmp_path / "state.new").exists()
     refused = subprocess.run(["bash", script, "--notify-fifo", str(state)], capture_output=True,

@@ -424,6 +424,7 @@ def test_the_check_loop_writes_the_doors_health_at_every_tick(
         assert (tmp_path / "term").exists()
     finally:
         _end(script)
+        door.stop()  # again if the test stopped it: a second stop returns at once
 
 
 @pytest.mark.timeout(120)
