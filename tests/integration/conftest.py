@@ -1,6 +1,6 @@
-"""The engine modules' order: those that share a stack (engine.shared_2p2d) run back to back,
-in engine.SHARED_2P2D_MODULES' order, where the first of them would have run: a module of its
-own stack between them would remove the shared stack's containers."""
+"""The engine modules' order: those that share a stack (engine.SHARED_KINDS) run back to back,
+in that kind's modules' order, where the first of them would have run: a module of its own
+stack between them would remove the shared stack's containers."""
 
 from __future__ import annotations
 
@@ -8,15 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.engine import SHARED_2P2D_MODULES
+from tests.integration.engine import SHARED_KINDS
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    sharing = [item for item in items if "shared_2p2d" in item.fixturenames]
-    if not sharing:
-        return
-    first = items.index(sharing[0])
-    others = [item for item in items if "shared_2p2d" not in item.fixturenames]
-    # sorted() is stable: each module's tests keep their file order.
-    sharing = sorted(sharing, key=lambda item: SHARED_2P2D_MODULES.index(Path(str(item.path)).name))
-    items[:] = others[:first] + sharing + others[first:]
+    for kind in SHARED_KINDS:
+        sharing = [item for item in items if kind.fixture in item.fixturenames]
+        if not sharing:
+            continue
+        first = items.index(sharing[0])
+        others = [item for item in items if kind.fixture not in item.fixturenames]
+        # sorted() is stable: each module's tests keep their file order.
+        sharing = sorted(sharing, key=lambda item: kind.modules.index(Path(str(item.path)).name))
+        items[:] = others[:first] + sharing + others[first:]

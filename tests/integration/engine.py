@@ -11,7 +11,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,10 +97,16 @@ def new_stack(project: Project, sim: SimCluster, name: str, values: dict) -> aut
     return stack
 
 
-# The 2P2D stack that test_rollout.py, test_heal.py and test_door.py use in turn
-# (tests/integration/conftest.py runs them back to back): one fresh `up` and one destroy.
+# The stacks that engine modules share, each brought up once and destroyed once in a run
+# (tests/integration/conftest.py runs a stack's modules back to back, in this order): a fresh
+# stack costs an `up` that prepares every node and a destroy (docs/tests.md). A module on a shared
+# stack takes it as the previous module left it and says so.
 SHARED_2P2D = "sim-2p2d"
 SHARED_2P2D_MODULES = ("test_rollout.py", "test_heal.py", "test_door.py")
+# Stack `sim` with the runbook's MiniLB, whose router starts last and goes first: test_up.py,
+# then test_xpyd.py, which moves it to 2P2D and destroys it.
+SHARED_MINILB = "sim-minilb"
+SHARED_MINILB_MODULES = ("test_up.py", "test_xpyd.py")
 
 
 def shared_2p2d_values(sim: SimCluster) -> dict:
@@ -115,6 +121,24 @@ def shared_2p2d_values(sim: SimCluster) -> dict:
     return values
 
 
+def shared_minilb_values(sim: SimCluster) -> dict:
+    return with_minilb(sim_values(sim))
+
+
+@dataclass(frozen=True)
+class SharedKind:
+    fixture: str  # the fixture a module's tests (or its `stack` fixture) ask for
+    stack: str
+    modules: tuple[str, ...]
+    values: Callable[[SimCluster], dict]
+
+
+SHARED_KINDS = (
+    SharedKind("shared_2p2d", SHARED_2P2D, SHARED_2P2D_MODULES, shared_2p2d_values),
+    SharedKind("shared_minilb", SHARED_MINILB, SHARED_MINILB_MODULES, shared_minilb_values),
+)
+
+
 @dataclass
 class SharedStack:
     sim: SimCluster
@@ -125,38 +149,49 @@ class SharedStack:
 _shared: dict[str, SharedStack] = {}
 
 
-@pytest.fixture(scope="module")
-def shared_2p2d(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[SharedStack]:
-    """The shared 2P2D stack: brought up by the first module that asks for it, kept as that
-    module leaves it (converged, or with whatever a test left dead), destroyed after the last
-    test of the run that asks for it. The nodes' containers are removed before and after, as
-    the `sim` fixture does for a module of its own."""
-    if SHARED_2P2D not in _shared:
+def _shared_stack(kind: SharedKind, request: pytest.FixtureRequest,
+                  tmp_path_factory) -> Iterator[SharedStack]:
+    """KIND's stack: brought up by the first module that asks for it, kept as that module
+    leaves it (converged, or with whatever a test left dead), destroyed after the last test of
+    the run that asks for it. The nodes' containers are removed before and after, as the `sim`
+    fixture does for a module of its own."""
+    if kind.stack not in _shared:
         env = _engine_env()
         cluster = start_sim()
         cluster.remove_kimipd_containers(NODES)
-        project = Project(tmp_path_factory.mktemp("kimipd-shared-2p2d"), env)
-        stack = new_stack(project, cluster, SHARED_2P2D, shared_2p2d_values(cluster))
+        project = Project(tmp_path_factory.mktemp(f"kimipd-{kind.stack}"), env)
+        stack = new_stack(project, cluster, kind.stack, kind.values(cluster))
         try:
             stack.up()
         except BaseException:
             cluster.remove_kimipd_containers(NODES)
             raise
-        _shared[SHARED_2P2D] = SharedStack(cluster, project, stack)
-    shared = _shared[SHARED_2P2D]
+        _shared[kind.stack] = SharedStack(cluster, project, stack)
+    shared = _shared[kind.stack]
     yield shared
     items = request.session.items
     last_here = max(i for i, item in enumerate(items) if item.module is request.module)
-    if not any("shared_2p2d" in item.fixturenames for item in items[last_here + 1:]):
-        del _shared[SHARED_2P2D]
+    if not any(kind.fixture in item.fixturenames for item in items[last_here + 1:]):
+        del _shared[kind.stack]
         try:
             shared.stack.destroy()
         finally:
             shared.sim.remove_kimipd_containers(NODES)
 
 
-# A module on the shared stack imports these three: its tests then take `stack`, `project` and
-# `sim` as a module of its own stack's would.
+@pytest.fixture(scope="module")
+def shared_2p2d(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[SharedStack]:
+    yield from _shared_stack(SHARED_KINDS[0], request, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def shared_minilb(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[SharedStack]:
+    yield from _shared_stack(SHARED_KINDS[1], request, tmp_path_factory)
+
+
+# A module on the shared 2P2D stack imports these three: its tests then take `stack`, `project`
+# and `sim` as a module of its own stack's would. test_up.py and test_xpyd.py define their own
+# three from `shared_minilb`.
 @pytest.fixture(scope="module", name="stack")
 def shared_2p2d_stack(shared_2p2d: SharedStack) -> auto.Stack:
     return shared_2p2d.stack

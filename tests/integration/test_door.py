@@ -289,8 +289,9 @@ def test_every_decode_group_killed_heals_with_no_person(
     assert "heal-failed" not in decisions, lines
     assert "healed" in decisions, decisions
     assert not load.failed(since=healed_at - 1), "requests failed after the heal's up ended"
-    # One group load (3 s on the sim) plus 60 s, plus one watch interval to see it.
-    assert back < 3 + 60 + 5 + 60, f"serving again only after {back:.0f}s"
+    # About 60 s measured (a group load, the heal's up, a watch interval to see it); four
+    # times that is room for a busy machine, and a heal that never came fails the checks above.
+    assert back < 4 * 60, f"serving again only after {back:.0f}s"
 
 
 def test_a_slot_that_lost_a_group_gets_it_back_from_one_reconcile_pass(
@@ -529,7 +530,9 @@ def test_a_strangers_vrrp_adverts_do_not_move_the_address(
             seen.append(tuple(holder()))
     print(load.summary("a stranger's VRRP adverts") + f"; {sent} adverts at priority 255 from "
           f"{stranger}")
-    assert sent >= 2 * 60
+    # About 160 are sent in the 8 s; a busy sender sleeps longer. One accepted advert at 255
+    # would move the address, so ten a node is plenty to show none is.
+    assert sent >= 2 * 10
     assert set(seen) == {tuple(held)}, seen
     assert not load.failed(), load.summary("a stranger's VRRP adverts")
 
@@ -573,7 +576,9 @@ def test_the_router_node_lost_fails_only_what_was_open_on_it(
     print(f"sent after the cut and failed: {late}")
     assert all(r.sent < moved_at for r in failed), late
     assert len(load.results) > 600
-    assert moved < 1.0
+    # 0.38 s measured at the 100 ms advert interval (docs/decisions.md); keepalived's default 1 s
+    # adverts would take about 3.6 s, which this bound still tells apart on a busy machine.
+    assert moved < 2.0
     assert not flapped, flapped
     # decode-a lost its rank 0 with the link: what `kimipd reconcile` runs heals it.
     stack.refresh(on_output=print)

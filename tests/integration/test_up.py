@@ -3,14 +3,15 @@
 Needs the command 1.2.1 and docker 5.2.0 resource plugins. scripts/install-pulumi installs them
 from the official installer or from its drop-in directory; the Go module proxy reachable here
 serves neither provider's module, so on a machine without either source this module is skipped,
-saying so. Tests run in file order, each building on the state the previous one left.
+saying so. Two failing `up`s of stacks of their own come first, on nodes with nothing on them;
+then the module runs on the shared MiniLB stack (engine.shared_minilb), which test_xpyd.py goes
+on with and destroys. Tests run in file order, each building on the state the previous one left.
 """
 
 from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Iterator
 
 import pytest
 from pulumi import automation as auto
@@ -18,14 +19,41 @@ from pulumi import automation as auto
 from sim.automation import Project
 from tests.conftest import stack_values
 from tests.integration.engine import (  # noqa: F401 - fixtures
-    CONTAINER, DECODE_RANKS, NODES, PREFILL_RANKS, Events, container_ids, env, new_stack, project,
-    sim, sim_values, with_minilb)
-from tests.integration.sim import SimCluster, restart_sim
+    DECODE_RANKS, NODES, SHARED_MINILB, Events, SharedStack, container_ids, env, new_stack,
+    shared_minilb, sim_values, with_minilb)
+from tests.integration.sim import SimCluster, restart_sim, start_sim
 
 pytestmark = pytest.mark.timeout(1800)
+STACK = SHARED_MINILB
 
 
-def test_preflight_failure_stops_before_any_container(project: Project, sim: SimCluster) -> None:
+@pytest.fixture(scope="module")
+def bare_sim(env: dict[str, str]) -> SimCluster:
+    """The sim with no stack's containers on it, for the failing `up`s of stacks of their own
+    that run before the shared stack comes up (the previous shared stack is gone by then)."""
+    cluster = start_sim()
+    cluster.remove_kimipd_containers(NODES)
+    return cluster
+
+
+@pytest.fixture(scope="module")
+def bare_project(env: dict[str, str], bare_sim: SimCluster, tmp_path_factory) -> Project:
+    return Project(tmp_path_factory.mktemp("kimipd-up"), env)
+
+
+@pytest.fixture(scope="module")
+def sim(shared_minilb: SharedStack) -> SimCluster:
+    return shared_minilb.sim
+
+
+@pytest.fixture(scope="module")
+def project(shared_minilb: SharedStack) -> Project:
+    return shared_minilb.project
+
+
+def test_preflight_failure_stops_before_any_container(bare_project: Project,
+                                                      bare_sim: SimCluster) -> None:
+    project, sim = bare_project, bare_sim
     stack = new_stack(project, sim, "preflight", sim_values(sim))
     sim.stop_dockerd(3)
     try:
@@ -39,7 +67,9 @@ def test_preflight_failure_stops_before_any_container(project: Project, sim: Sim
     stack.destroy()
 
 
-def test_prefill_rank_exiting_while_loading_fails_the_gate(project: Project, sim: SimCluster) -> None:
+def test_prefill_rank_exiting_while_loading_fails_the_gate(bare_project: Project,
+                                                           bare_sim: SimCluster) -> None:
+    project, sim = bare_project, bare_sim
     values = with_minilb(sim_values(sim))  # its router would wait for both groups
     values["groups"]["prefill"]["env"] = {"SGLANG_STANDIN_EXIT_WHILE_LOADING": "0"}
     values["gates"] = {"timeoutSeconds": 120, "intervalSeconds": 1}
@@ -57,18 +87,15 @@ def test_prefill_rank_exiting_while_loading_fails_the_gate(project: Project, sim
 
 
 @pytest.fixture(scope="module")
-def stack(project: Project, sim: SimCluster) -> Iterator[auto.Stack]:
-    # The runbook's order (router last up, first down) is MiniLB's (engine.with_minilb).
-    stack = new_stack(project, sim, "sim", with_minilb(sim_values(sim)))
-    yield stack
-    stack.destroy()
+def stack(shared_minilb: SharedStack) -> auto.Stack:
+    # The runbook's order (router last up, first down) is MiniLB's (engine.with_minilb). The
+    # shared stack's first `up` is its fixture's; the first test's is a no-op, then checked.
+    return shared_minilb.stack
 
 
 def test_up_converges_and_the_router_answers(stack: auto.Stack, sim: SimCluster) -> None:
-    started = time.monotonic()
     result = stack.up()
     outputs = {key: value.value for key, value in result.outputs.items()}
-    print(f"first up: {time.monotonic() - started:.0f}s")
     assert outputs["routerUrl"] == "http://10.231.60.5:31000"
     assert outputs["generateUrl"] == "http://10.231.60.5:31000/generate"
     assert outputs["smokeTest"].strip(), "the router returned no text"
@@ -86,7 +113,7 @@ def test_up_converges_and_the_router_answers(stack: auto.Stack, sim: SimCluster)
 
 def test_the_ssh_key_is_stored_encrypted(project: Project) -> None:
     # The state file itself: `export_stack()` would show secrets decrypted.
-    (state,) = project.state.glob(".pulumi/stacks/kimipd/sim.json")
+    (state,) = project.state.glob(f".pulumi/stacks/kimipd/{STACK}.json")
     text = state.read_text()
     assert "PRIVATE KEY" not in text, "the SSH key is in the state in plain text"
     assert '"ciphertext"' in text
@@ -104,7 +131,7 @@ def test_decode_only_change_replaces_only_decode(stack: auto.Stack, project: Pro
     before = container_ids(sim)
     groups = copy.deepcopy(stack_values("sim")["groups"])
     groups["decode"]["extraArgs"] = ["--mem-fraction-static", "0.80", "--max-running-requests", "32"]
-    project.update_stack("sim", {"groups": groups})
+    project.update_stack(STACK, {"groups": groups})
     preview = Events()
     stack.preview(on_event=preview)
     assert preview.changed() == set(DECODE_RANKS) | {
@@ -169,31 +196,14 @@ def test_a_stopped_container_is_replaced_and_gated_not_restarted_in_place(
 
 def test_serving_false_removes_containers_and_true_restores_them(
         stack: auto.Stack, project: Project, sim: SimCluster) -> None:
-    project.update_stack("sim", {"serving": False})
+    project.update_stack(STACK, {"serving": False})
     result = stack.up()
     assert "smokeTest" not in result.outputs
     assert container_ids(sim) == {}
     for node in NODES:
         assert sim.docker(node, "image", "inspect", sim.image).returncode == 0, node
         assert sim.ssh(node, "test -f /opt/kimipd/launch.sh").returncode == 0, node
-    project.update_stack("sim", {"serving": True})
+    project.update_stack(STACK, {"serving": True})
     result = stack.up()
     assert result.outputs["smokeTest"].value.strip()
     assert len(container_ids(sim)) == 10
-
-
-def test_destroy_runs_in_reverse_order_and_keeps_images(stack: auto.Stack, sim: SimCluster) -> None:
-    events = Events()
-    stack.destroy(on_event=events)
-    router_gone = events.index("done", "delete", "router", CONTAINER)
-    decode_starts = [events.index("pre", "delete", name, CONTAINER) for name in DECODE_RANKS]
-    decode_gone = [events.index("done", "delete", name, CONTAINER) for name in DECODE_RANKS]
-    prefill_starts = [events.index("pre", "delete", name, CONTAINER) for name in PREFILL_RANKS]
-    prefill_gone = [events.index("done", "delete", name, CONTAINER) for name in PREFILL_RANKS]
-    master_starts = events.index("pre", "delete", "mooncake-master", CONTAINER)
-    assert router_gone < min(decode_starts), "decode stopped before the router"
-    assert max(decode_gone) < min(prefill_starts), "prefill stopped before decode"
-    assert max(prefill_gone) < master_starts, "mc-master stopped before prefill"
-    assert container_ids(sim) == {}
-    for node in NODES:
-        assert sim.docker(node, "image", "inspect", sim.image).returncode == 0, f"image gone on {node}"

@@ -1,7 +1,8 @@
 """Past 1P1D, through the real engine on the sim: a running 1P1D stack becomes 2P2D (stack file
 Pulumi.sim-2p2d.yaml) in one `up`, every group serves through the real router, a real Prometheus
-scrapes every target the stack lists, and one decode group restarts alone under load.
-Tests run in file order on one stack."""
+scrapes every target the stack lists, one decode group restarts alone under load, and the
+2P2D stack is destroyed in the runbook's reverse order. Tests run in file order on the shared
+MiniLB stack (engine.shared_minilb) as test_up.py leaves it: 1P1D, converged."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,8 +23,8 @@ from ops.cli import main as kimipd
 from sim.automation import Project
 from tests.conftest import stack_values
 from tests.integration.engine import (  # noqa: F401 - fixtures
-    CONTAINER, DECODE_RANKS, PREFILL_RANKS, ROUTER, Events, container_ids, env, new_stack,
-    project, sim, sim_values, up_under_load, with_minilb)
+    CONTAINER, DECODE_RANKS, NODES, PREFILL_RANKS, ROUTER, SHARED_MINILB, Events, SharedStack,
+    container_ids, shared_minilb, up_under_load)
 from tests.integration.sim import SimCluster
 
 pytestmark = pytest.mark.timeout(1800)
@@ -38,14 +38,24 @@ def two_by_two() -> dict:
     return {"groups": values["groups"], "metrics": values["metrics"]}
 
 
+STACK = SHARED_MINILB
+
+
 @pytest.fixture(scope="module")
-def stack(project: Project, sim: SimCluster) -> Iterator[auto.Stack]:
+def sim(shared_minilb: SharedStack) -> SimCluster:
+    return shared_minilb.sim
+
+
+@pytest.fixture(scope="module")
+def project(shared_minilb: SharedStack) -> Project:
+    return shared_minilb.project
+
+
+@pytest.fixture(scope="module")
+def stack(shared_minilb: SharedStack) -> auto.Stack:
     # MiniLB's worker list is on its command line: regrouping replaces it last (with the rust
     # router the groups' memberships change instead: test_security.py).
-    stack = new_stack(project, sim, "xpyd", with_minilb(sim_values(sim)))
-    stack.up()
-    yield stack
-    stack.destroy()
+    return shared_minilb.stack
 
 
 def outputs_of(stack: auto.Stack) -> dict:
@@ -56,7 +66,7 @@ def test_1p1d_becomes_2p2d_in_one_up(stack: auto.Stack, project: Project,
                                      sim: SimCluster) -> None:
     """Each node's rank container is replaced in place (named by node and mode), so no new
     group starts beside an old one's ports; prefill before decode before the router."""
-    project.update_stack("xpyd", two_by_two())
+    project.update_stack(STACK, two_by_two())
     preview = Events()
     stack.preview(on_event=preview)
     ops: dict[str, set[str]] = {}
@@ -183,7 +193,7 @@ def test_prometheus_scrapes_every_target_and_sees_tokens_grow(stack: auto.Stack)
         decode_b1 = labels["10.231.60.8:30000"]
         assert (decode_b1["group"], decode_b1["mode"], decode_b1["rank"], decode_b1["role"],
                 decode_b1["node"], decode_b1["stack"]) == ("decode-b", "decode", "1",
-                                                           "decode-b-r1", "10.231.60.8", "xpyd")
+                                                           "decode-b-r1", "10.231.60.8", STACK)
         total = "sum(sglang:generation_tokens_total)"
         before = prometheus.wait_for(total, lambda result: len(result) == 1)
         body = json.dumps({"text": "count me", "sampling_params": {"max_new_tokens": 8}}).encode()
@@ -204,7 +214,7 @@ def test_restarting_one_decode_group_leaves_every_other_container_alone(
     before = container_ids(sim)
     groups = two_by_two()["groups"]
     groups["decode-b"]["restartGeneration"] = 1
-    project.update_stack("xpyd", {"groups": groups})
+    project.update_stack(STACK, {"groups": groups})
     events, results = up_under_load(stack, "decode-b restart through MiniLB")
     failed = sum(1 for status in results if status != 200)
     restarted = {"node-10-231-60-7-decode", "node-10-231-60-8-decode"}
@@ -219,3 +229,21 @@ def test_restarting_one_decode_group_leaves_every_other_container_alone(
             assert after[name] == state, f"{name} changed when only decode-b restarted"
     assert results and results[-1] == 200, results[-10:]
     assert failed < len(results), "no request succeeded"
+
+
+# The shared stack's last test: its fixture then finds nothing left to destroy.
+def test_destroy_runs_in_reverse_order_and_keeps_images(stack: auto.Stack, sim: SimCluster) -> None:
+    events = Events()
+    stack.destroy(on_event=events)
+    router_gone = events.index("done", "delete", "router", CONTAINER)
+    decode_starts = [events.index("pre", "delete", name, CONTAINER) for name in DECODE_RANKS]
+    decode_gone = [events.index("done", "delete", name, CONTAINER) for name in DECODE_RANKS]
+    prefill_starts = [events.index("pre", "delete", name, CONTAINER) for name in PREFILL_RANKS]
+    prefill_gone = [events.index("done", "delete", name, CONTAINER) for name in PREFILL_RANKS]
+    master_starts = events.index("pre", "delete", "mooncake-master", CONTAINER)
+    assert router_gone < min(decode_starts), "decode stopped before the router"
+    assert max(decode_gone) < min(prefill_starts), "prefill stopped before decode"
+    assert max(prefill_gone) < master_starts, "mc-master stopped before prefill"
+    assert container_ids(sim) == {}
+    for node in NODES:
+        assert sim.docker(node, "image", "inspect", sim.image).returncode == 0, f"image gone on {node}"
