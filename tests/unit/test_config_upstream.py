@@ -61,6 +61,9 @@ def test_legitimate_extra_args_are_accepted(pro6000) -> None:
     pro6000["groups"]["decode"]["extraArgs"] = [
         "--mem-frac", "0.8", "--max-running-requests=64", "--cuda-graph-bs", "1", "2", "4",
         "--kv-cache-dtype", "fp8_e4m3"]
+    # The KV cache's dtype is the KV contract's: prefill writes the pages decode reads.
+    pro6000["groups"]["prefill"]["extraArgs"] = [
+        *pro6000["groups"]["prefill"].get("extraArgs", []), "--kv-cache-dtype=fp8_e4m3"]
     pro6000["router"]["extraArgs"] = ["--queue-size", "200"]
     load_cluster_config(pro6000)
 

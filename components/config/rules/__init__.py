@@ -7,6 +7,7 @@ are reported in (the model validator of ClusterConfig runs them all and reports 
 from .door import door_nodes_are_members, virtual_ip_is_free
 from .extra_args import extra_args_parse, tokenizer_workers_with_keys
 from .firewall import open_ports_serve_nothing
+from .kv_contract import prefill_and_decode_agree
 from .files import model_reachable, mount_points_distinct, node_files_distinct
 from .gates import gate_polls_twice
 from .ports import ports_do_not_collide
@@ -33,6 +34,7 @@ RULES = (
     compute_network_only,
     no_nixl,
     extra_args_parse,
+    prefill_and_decode_agree,
     tokenizer_workers_with_keys,
     mooncake_new_enough,
     router_policy,
