@@ -13,6 +13,7 @@ import uuid
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple
 
 from .bootstrap import fetch_kv
+from .contract import differences
 from .http_base import RequestError, url_host
 
 if TYPE_CHECKING:
@@ -170,6 +171,7 @@ def run_one(
                 "node_ranks": list(range(st.nnodes)),
                 "created": time.time(),
                 "prefill_seconds": computing,
+                "kv_contract": st.kv_contract,
             },
             ready=computing == 0,
         )
@@ -209,6 +211,7 @@ def run_one(
                 f"(prefill saw {str(kv.get('text'))[:80]!r})",
                 "InternalServerError",
             )
+    mismatch = _contract_mismatch(st, kv.get("kv_contract"))
     first_token_at = time.monotonic()
     kv_prompt = kv.get("text")
     if kv_prompt is None:
@@ -222,9 +225,24 @@ def run_one(
         finish_reason={"type": "length", "length": n},
         kv_transfer=dict(kv_transfer, role="decode", status="received"),
     )
+    if mismatch is not None:
+        meta["kv_contract_mismatch"] = mismatch
     if pace and n:
         _sleep_until(token_due(st, first_token_at, n - 1))
     return {"text": out, "meta_info": meta}
+
+
+def _contract_mismatch(st: "Standin", theirs: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """Prefill's KV contract against this decode's (contract.py): None when they agree (or the
+    KV carries none: the fake transfer backend); else counted, and what the answer is marked
+    with."""
+    ours = st.kv_contract
+    if not theirs or theirs.get("digest") == ours["digest"]:
+        return None
+    with st.lock:
+        st.kv_contract_mismatches += 1
+    return {"prefill": theirs.get("digest"), "decode": ours["digest"],
+            "differs": differences(ours, theirs)}
 
 
 def generate(st: "Standin", req: Dict[str, Any], arrived: Optional[float] = None) -> Any:

@@ -60,6 +60,7 @@ class _ApiCollector:
             served = {k: dict(v) for k, v in st.served.items()}
             ttft = {k: (list(h[0]), h[1]) for k, h in st.ttft.items()}
             num_requests = st.num_requests
+            mismatches = st.kv_contract_mismatches
         yield from _scheduler_gauges(st, running=running, queued=0)
 
         # The tokenizer manager's series, one per is_streaming ("false"/"true") seen so far.
@@ -99,6 +100,13 @@ class _ApiCollector:
             labels=["model_name"])
         ready_gauge.add_metric(model, ready)
         yield ready_gauge
+        # A test oracle, not SGLang's: KV of another contract this decode received (contract.py).
+        mismatch = CounterMetricFamily(
+            "sglang:standin_kv_contract_mismatch",
+            "KV received from a prefill of another KV contract (the stand-in's test oracle).",
+            labels=["model_name"])
+        mismatch.add_metric(model, mismatches)
+        yield mismatch
 
 
 class _DummyHealthCollector:

@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from . import __version__
 from .auth import ApiKeys, redacted
 from .bootstrap import KVStore
+from .contract import contract_of
 from .log import log
 from .metrics import api_registry, dummy_health_registry
 
@@ -104,6 +105,10 @@ class Standin:
         self.joined_once: set = set()
         self.registrations: Dict[str, Dict[str, Any]] = {}
         self.kv = KVStore()
+        # The KV contract of this server's flags, which prefill's KV carries and decode checks
+        # (contract.py: a test oracle of the sim); KV of another contract decode received.
+        self.kv_contract = contract_of(args)
+        self.kv_contract_mismatches = 0
         self.num_requests = 0
         # What /metrics reports with SGLang's names, all under self.lock: sequences being served
         # now, and per is_streaming ("true"/"false") what finished sequences added up to and the

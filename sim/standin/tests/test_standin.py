@@ -804,6 +804,43 @@ def test_router_mini_lb_end_to_end(pd_groups):
     assert len(json.loads(text)["choices"][0]["message"]["content"].split()) == 4
 
 
+def contract_mismatches(group) -> float:
+    """sglang:standin_kv_contract_mismatch_total on GROUP's rank 0 (the stand-in's oracle)."""
+    code, text = http("GET", group["url"] + "/metrics")
+    assert code == 200, text
+    (line,) = [line for line in text.splitlines()
+               if line.startswith("sglang:standin_kv_contract_mismatch_total{")]
+    return float(line.rsplit(" ", 1)[1])
+
+
+@needs_router
+def test_kv_of_the_same_contract_is_not_marked(pd_groups):
+    launcher, pg, dg = pd_groups
+    router, url = start_router(launcher, pg, dg, ["--mini-lb"])
+    out = generate_through(router, url, pg, n=4)
+    assert "kv_contract_mismatch" not in out["meta_info"], out
+    assert contract_mismatches(dg) == 0
+
+
+@needs_router
+def test_kv_of_another_contract_is_counted_and_marked_by_decode(launcher):
+    """The sim's oracle (sglang_standin/contract.py), not SGLang's behaviour: prefill's KV carries
+    its contract's digest; a decode of another contract still answers (as SGLang would, wrongly),
+    and counts and marks it, naming what differs."""
+    pg = launcher.group("prefill", "prefill", nnodes=1,
+                        extra_flags=["--kv-cache-dtype", "fp8_e4m3"])
+    dg = launcher.group("decode", "decode", nnodes=1)
+    wait_healthy(pg)
+    wait_healthy(dg)
+    router, url = start_router(launcher, pg, dg, ["--mini-lb"])
+    out = generate_through(router, url, pg, n=4)
+    mismatch = out["meta_info"]["kv_contract_mismatch"]
+    assert mismatch["differs"] == ["kv_cache_dtype"], mismatch
+    assert mismatch["prefill"] != mismatch["decode"]
+    assert contract_mismatches(dg) >= 1
+    assert contract_mismatches(pg) == 0
+
+
 @needs_router
 def test_router_rust_random_policy_end_to_end(pd_groups):
     launcher, pg, dg = pd_groups
