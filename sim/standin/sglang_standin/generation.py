@@ -101,10 +101,13 @@ class Seq:
             self.st.seq_ended(self.streaming)
 
 
-def _sleep_until(when: float) -> None:
+def _sleep_until(st: "Standin", when: float) -> None:
+    """Until a token is due, and on while the group's forward is stalled (group.py): a token of
+    a hung group does not come."""
     delay = when - time.monotonic()
     if delay > 0:
         time.sleep(delay)
+    st.wait_flowing()
 
 
 def run_one(
@@ -129,6 +132,7 @@ def run_one(
     prompt = text if text is not None else " ".join(str(t) for t in (input_ids or []))
     prompt_tokens = count_tokens(text, input_ids)
     rid = uuid.uuid4().hex
+    st.wait_flowing()  # a stalled forward takes no new work on
     meta: Dict[str, Any] = {"id": rid, "prompt_tokens": prompt_tokens, "cached_tokens": 0}
     if st.mode == "null":
         time.sleep(prefill_seconds(st, prompt_tokens))
@@ -139,7 +143,7 @@ def run_one(
             seq.first_token(first_token_at)
         meta.update(completion_tokens=n, finish_reason={"type": "length", "length": n})
         if pace and n:
-            _sleep_until(token_due(st, first_token_at, n - 1))
+            _sleep_until(st, token_due(st, first_token_at, n - 1))
         return {"text": out, "meta_info": meta}
 
     if broom is None or bhost is None:
@@ -177,6 +181,7 @@ def run_one(
         )
         if computing:
             time.sleep(computing)
+            st.wait_flowing()
             st.kv.mark_ready(broom)
         if seq is not None:  # prefill's one token (SGLang's prefill server answers with it)
             seq.first_token(time.monotonic())
@@ -212,6 +217,7 @@ def run_one(
                 "InternalServerError",
             )
     mismatch = _contract_mismatch(st, kv.get("kv_contract"))
+    st.wait_flowing()
     first_token_at = time.monotonic()
     kv_prompt = kv.get("text")
     if kv_prompt is None:
@@ -228,7 +234,7 @@ def run_one(
     if mismatch is not None:
         meta["kv_contract_mismatch"] = mismatch
     if pace and n:
-        _sleep_until(token_due(st, first_token_at, n - 1))
+        _sleep_until(st, token_due(st, first_token_at, n - 1))
     return {"text": out, "meta_info": meta}
 
 
@@ -290,7 +296,7 @@ def generate_stream(st: "Standin", req: Dict[str, Any],
                 yield dict(res, index=index)
                 seqs[index].finish(res["meta_info"], 0)
         for i in range(longest):
-            _sleep_until(token_due(st, first_token_at, i))
+            _sleep_until(st, token_due(st, first_token_at, i))
             for index, res in enumerate(results):
                 if i >= len(words[index]):
                     continue

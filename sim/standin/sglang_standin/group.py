@@ -4,6 +4,15 @@ Rank 0 listens on --dist-init-addr; ranks >= 1 connect, send a hello with the ar
 rank must share, and hold the connection. A lost connection is a lost peer and breaks the group
 for good, as an aborted NCCL communicator does: rank 0 turns unhealthy (and exits when its
 watchdog fires), ranks >= 1 exit non-zero.
+
+A peer that is there but does not take part (its process stopped or frozen: `docker pause`, a
+rank stuck in a collective) hangs the group instead: rank 0 sends every rank a step a few times a
+second, and once one has answered none for SGLANG_STANDIN_STEP_TIMEOUT_SECONDS the whole
+group's forward stalls. Requests in flight make no progress, rank 0's /health answers 503 after
+SGLANG_HEALTH_CHECK_TIMEOUT seconds without output, as SGLang 0.5.19's health_generate does
+(srt/entrypoints/http_server.py), ranks >= 1 keep their dummy health server's 200, and once work
+has made no progress for --watchdog-timeout seconds rank 0 exits non-zero, as SGLang's watchdog
+does (srt/utils/watchdog.py, WatchdogRaw). A peer that answers again lets the forward go on.
 """
 
 from __future__ import annotations
@@ -67,6 +76,8 @@ class GroupLeader:
 
     def __init__(self, st: Standin):
         self.st = st
+        # node rank -> when it last answered a step (or joined)
+        self.seen: Dict[int, float] = {}
 
     def listen(self) -> None:
         st = self.st
@@ -155,10 +166,13 @@ class GroupLeader:
             _send_line(conn, {"ok": True})
         except OSError:
             pass
+        with st.lock:
+            self.seen[r] = time.monotonic()
         log(f"dist-init: node rank {r} joined from {addr[0]} ({n}/{st.nnodes - 1} peers)")
         if n == st.nnodes - 1:
             log(f"dist-init: all {st.nnodes} node ranks joined the group")
-        # hold the connection; EOF / error = lost peer
+            threading.Thread(target=self._step_loop, name="group-steps", daemon=True).start()
+        # hold the connection; EOF / error = lost peer; anything else is an answered step
         while True:
             try:
                 data = conn.recv(4096)
@@ -166,9 +180,57 @@ class GroupLeader:
                 data = b""
             if not data:
                 break
+            with st.lock:
+                self.seen[r] = time.monotonic()
         if st.shutdown.is_set():
             return
         self._break(f"lost connection to node rank {r}")
+
+    def _step_loop(self) -> None:
+        """The group's collectives, simulated: a step to every peer a few times a second; a peer
+        late past the step timeout stalls the forward until it answers again."""
+        st = self.st
+        interval = min(0.5, st.step_timeout / 4)
+        step = 0
+        active_since: Optional[float] = None
+        while not st.shutdown.wait(interval):
+            step += 1
+            with st.lock:
+                if st.broken:
+                    return
+                peers = dict(st.peers)
+                seen = dict(self.seen)
+                active = st.num_running_reqs > 0 or st.health_waiting > 0
+            for conn in peers.values():
+                try:  # a frozen peer reads nothing: never block on its full buffer
+                    conn.send(json.dumps({"step": step}).encode("utf-8") + b"\n",
+                              socket.MSG_DONTWAIT)
+                except OSError:
+                    pass
+            now = time.monotonic()
+            late = sorted(r for r in peers if now - seen.get(r, now) > st.step_timeout)
+            if late and st.stalled_since is None:
+                st.stall_reason = (f"node rank(s) {late} answered no step for "
+                                   f"{st.step_timeout:g}s")
+                st.stalled_since = now
+                st.flowing.clear()
+                log(f"ERROR: the group's forward is stalled: {st.stall_reason} (a rank that "
+                    f"stopped taking part); requests in flight make no progress, /health "
+                    f"answers 503 after {st.health_check_timeout:g}s without output, and work "
+                    f"without progress for {st.watchdog_timeout:g}s ends this server", err=True)
+            elif not late and st.stalled_since is not None:
+                log(f"the group's forward goes on after {now - st.stalled_since:.1f}s stalled")
+                st.stalled_since = None
+                st.stall_reason = None
+                active_since = None
+                st.flowing.set()
+            if st.stalled_since is None:
+                continue
+            if active and active_since is None:
+                active_since = now
+            if active_since is not None and now - active_since > st.watchdog_timeout:
+                die(f"watchdog timeout (--watchdog-timeout {st.watchdog_timeout:g}s): the "
+                    f"forward made no progress ({st.stall_reason}); exiting")
 
     def _break(self, reason: str) -> None:
         st = self.st
@@ -264,7 +326,7 @@ class GroupMember:
             if not data:
                 break
             buf += data
-            if b"\n" in buf:
+            while b"\n" in buf:
                 line, _, buf = buf.partition(b"\n")
                 try:
                     msg = json.loads(line.decode("utf-8"))
@@ -272,6 +334,12 @@ class GroupMember:
                     msg = {}
                 if "abort" in msg:
                     reason = f"rank 0 aborted the group: {msg['abort']}"
+                elif "step" in msg:
+                    # This rank takes part in the step (a frozen process answers nothing).
+                    try:
+                        _send_line(self.sock, {"step_done": msg["step"]})
+                    except OSError:
+                        pass
         if st.shutdown.is_set():
             return
         die(

@@ -41,10 +41,29 @@ class ApiHandler(Handler):
         decision = self.st.api_keys.check(method, path, self.headers.get("Authorization"))
         return None if decision.allowed else decision
 
+    def _stalled_health(self) -> Optional[str]:
+        """SGLang 0.5.19's /health on a hung group: its one-token generate waits up to
+        SGLANG_HEALTH_CHECK_TIMEOUT for any output, then 503 (srt/entrypoints/http_server.py,
+        health_generate); the waiting check is work the watchdog sees. None if the forward goes
+        on meanwhile."""
+        st = self.st
+        with st.lock:
+            st.health_waiting += 1
+        try:
+            if st.flowing.wait(st.health_check_timeout):
+                return None
+        finally:
+            with st.lock:
+                st.health_waiting -= 1
+        return (f"no output for {st.health_check_timeout:g}s (SGLANG_HEALTH_CHECK_TIMEOUT): the "
+                f"forward is stalled: {st.stall_reason}")
+
     def route(self, method: str, path: str) -> None:
         st = self.st
         if method == "GET" and path in ("/health", "/health_generate", "/ready"):
             reason = st.not_ready_reason()
+            if reason is None and not st.flowing.is_set():
+                reason = self._stalled_health()
             if reason is None:
                 self._send(200)
             else:

@@ -64,6 +64,15 @@ class Standin:
         # Seconds rank 0 lives on after losing a peer (SGLang: the watchdog on the hung
         # collective kills the server); 0 or less keeps it alive and unhealthy.
         self.watchdog_seconds = _env_float("SGLANG_STANDIN_WATCHDOG_SECONDS", 10.0)
+        # A hung group (group.py's steps): a peer that has not answered a step for this long
+        # stalls the whole group's forward, as a rank stuck in a collective does.
+        self.step_timeout = max(0.2, _env_float("SGLANG_STANDIN_STEP_TIMEOUT_SECONDS", 5.0))
+        # SGLang 0.5.19's /health waits this long for any output of the scheduler, then answers
+        # 503 (srt/entrypoints/http_server.py: HEALTH_CHECK_TIMEOUT, health_generate).
+        self.health_check_timeout = max(0.0, _env_float("SGLANG_HEALTH_CHECK_TIMEOUT", 20.0))
+        # A forward with work that makes no progress this long kills the server (srt/utils/
+        # watchdog.py: WatchdogRaw, SIGQUIT to the parent process; --watchdog-timeout, 300 s).
+        self.watchdog_timeout = float(getattr(args, "watchdog_timeout", None) or 300.0)
         # Seconds prefill rank 0 waits before it opens its bootstrap port (0: at start, as
         # SGLang does); the group joins and loads meanwhile. Lets a test hold decode back.
         self.bootstrap_delay_seconds = max(
@@ -101,6 +110,13 @@ class Standin:
         self.announced = threading.Event()
         self.start_time = time.time()
         self.broken: Optional[str] = None
+        # Set while the forward runs; cleared while the group is stalled (stalled_since, why).
+        self.flowing = threading.Event()
+        self.flowing.set()
+        self.stalled_since: Optional[float] = None
+        self.stall_reason: Optional[str] = None
+        # Health checks waiting on a stalled forward: work the watchdog counts as active.
+        self.health_waiting = 0
         self.peers: Dict[int, socket.socket] = {}
         self.joined_once: set = set()
         self.registrations: Dict[str, Dict[str, Any]] = {}
@@ -125,6 +141,13 @@ class Standin:
         self.shutdown = threading.Event()
 
     # ---------------- readiness (rank 0)
+
+    def wait_flowing(self) -> None:
+        """Block while the group's forward is stalled: a request makes no progress on a hung
+        group. Returns once it flows again, or the server stops or breaks."""
+        while not self.flowing.wait(0.5):
+            if self.shutdown.is_set() or self.broken:
+                return
 
     def all_peers_joined(self) -> bool:
         with self.lock:

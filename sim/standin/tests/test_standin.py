@@ -18,6 +18,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -653,6 +654,62 @@ def test_rank0_watchdog_exits_after_losing_a_rank(launcher):
     g["procs"][1].popen.kill()
     assert g["procs"][0].popen.wait(timeout=15) == 1
     assert "watchdog timeout (1s) after: lost connection to node rank 1" in g["procs"][0].output()
+
+
+# A hung group: a rank that stops taking part (SIGSTOP, as `docker pause` freezes it) stalls the
+# forward; SGLang 0.5.19's /health then answers 503 after SGLANG_HEALTH_CHECK_TIMEOUT and its
+# watchdog ends the server after --watchdog-timeout of work without progress (group.py).
+HUNG_ENV = {"SGLANG_STANDIN_STEP_TIMEOUT_SECONDS": "1", "SGLANG_HEALTH_CHECK_TIMEOUT": "2",
+            "SGLANG_STANDIN_WATCHDOG_SECONDS": "0"}
+
+
+@contextmanager
+def frozen(proc: Proc):
+    """PROC stopped (its threads answer nothing, its sockets stay open) until the block ends."""
+    proc.popen.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        proc.popen.send_signal(signal.SIGCONT)
+
+
+def test_a_frozen_rank_stalls_the_group_until_it_takes_part_again(launcher):
+    g = launcher.group("null", "null", nnodes=3, env=HUNG_ENV)
+    wait_healthy(g)
+    rank0, rank1 = g["procs"][0], g["rank_urls"][1]
+    body = {"text": "Hello", "sampling_params": {"max_new_tokens": 4}}
+    with frozen(g["procs"][2]):
+        wait_for(lambda: "the group's forward is stalled: node rank(s) [2]" in rank0.output(),
+                 15, "rank 0 sees the stall")
+        # A request makes no progress: no answer within 3 s (an unstalled one takes ~0.1 s).
+        assert http("POST", g["url"] + "/generate", body, timeout=3)[0] == -1
+        code, text = http("GET", g["url"] + "/health", timeout=15)
+        assert code == 503 and "no output for 2s (SGLANG_HEALTH_CHECK_TIMEOUT)" in text, text
+        assert "node rank(s) [2] answered no step" in text
+        assert health(rank1) == 200  # the dummy health server of a rank that takes part
+        assert rank0.alive()
+    wait_for(lambda: health(g["url"]) == 200, 15, "rank 0 healthy once rank 2 answers again")
+    assert "the group's forward goes on after" in rank0.output()
+    code, text = http("POST", g["url"] + "/generate", body, timeout=15)
+    assert code == 200 and json.loads(text)["text"] == generate_words("Hello", 4), text
+
+
+def test_the_watchdog_ends_a_hung_group_with_work_on_it(launcher):
+    g = launcher.group("null", "null", nnodes=2, env=HUNG_ENV,
+                       extra_flags=["--watchdog-timeout", "3"])
+    wait_healthy(g)
+    rank0 = g["procs"][0]
+    with frozen(g["procs"][1]):
+        wait_for(lambda: "the group's forward is stalled" in rank0.output(), 15, "the stall")
+        time.sleep(4)  # longer than --watchdog-timeout, with no work: the watchdog waits
+        assert rank0.alive()
+        # A request is work without progress: the watchdog ends the server 3 s after it came.
+        threading.Thread(target=lambda: http("POST", g["url"] + "/generate", {
+            "text": "Hello", "sampling_params": {"max_new_tokens": 2}}, timeout=30),
+            daemon=True).start()
+        assert rank0.popen.wait(timeout=30) == 1
+    assert "watchdog timeout (--watchdog-timeout 3s): the forward made no progress" in \
+        rank0.output()
 
 
 def test_rank0_death_kills_rank1_and_its_health_server(launcher):
