@@ -42,10 +42,18 @@ class Limits:
 
 @dataclass(frozen=True)
 class Breakage:
-    """Why one unit is broken; `reachable` is False when a node did not answer over SSH."""
+    """Why one unit is broken; `reachable` is False when a node did not answer over SSH.
+    `hung` names (node, container) of every container of a unit that runs but does not serve
+    (each container there, running or paused, and a health check failing or a container
+    paused): refresh sees no drift in it, so a heal must replace those containers."""
 
     problems: tuple[str, ...]
     reachable: bool = True
+    hung: tuple[tuple[str, str], ...] = ()
+
+
+# docker's states of a container that is there and holds its process: a hung unit's.
+HELD_STATES = ("running", "paused")
 
 
 @dataclass
@@ -116,23 +124,34 @@ def breakages(report: Report) -> dict[str, Breakage]:
     and the whole-path probe alone heals nothing (no container drifted), so neither counts."""
     found: dict[str, list[str]] = {}
     unreachable: set[str] = set()
+    rows_of: dict[str, list[Row]] = {}
     for row in report.rows:
         docker = row.docker
+        rows_of.setdefault(unit_of(row), []).append(row)
         problems = []
         if docker.state == "unknown":
             problems.append(f"{row.ref.node}: {docker.error or 'docker state unknown'}")
             unreachable.add(unit_of(row))
         elif docker.state == "absent":
             problems.append(f"{row.ref.name} on {row.ref.node}: container absent")
+        elif docker.state == "paused":
+            problems.append(f"{row.ref.name} on {row.ref.node}: paused (running, not "
+                            "answering)")
         elif docker.state != "running":
             problems.append(f"{row.ref.name} on {row.ref.node}: {docker.state} "
                             f"(exit {docker.exit_code})")
         elif not row.health.ok:
-            problems.append(f"{row.ref.name} on {row.ref.node}: health {row.health.summary()}")
+            problems.append(f"{row.ref.name} on {row.ref.node}: health {row.health.summary()} "
+                            "(running, not answering)")
         if problems:
             found.setdefault(unit_of(row), []).extend(problems)
-    return {unit: Breakage(tuple(problems), unit not in unreachable)
-            for unit, problems in found.items()}
+    broken = {}
+    for unit, problems in found.items():
+        rows = rows_of[unit]
+        held = all(row.docker.state in HELD_STATES for row in rows)
+        hung = tuple((row.ref.node, row.ref.name) for row in rows) if held else ()
+        broken[unit] = Breakage(tuple(problems), unit not in unreachable, hung)
+    return broken
 
 
 def missing_from_slots(report: Report) -> dict[str, list[str]]:

@@ -19,8 +19,8 @@ from pulumi import automation as auto
 from pulumi.runtime import rpc
 
 from .stack_engine import StackEngine
+from .state_urns import DOCKER_PROVIDER, docker_host_address
 
-DOCKER_PROVIDER = "pulumi:providers:docker"
 
 
 @dataclass(frozen=True)
@@ -69,13 +69,6 @@ def state_resources(export: Mapping[str, Any]) -> list[StateResource]:
     return [StateResource.from_export(entry) for entry in deployment.get("resources") or []]
 
 
-def _docker_host_address(value: str) -> str | None:
-    """ssh://root@10.0.0.8:22 -> 10.0.0.8."""
-    if not value.startswith("ssh://"):
-        return None
-    return value[len("ssh://"):].rsplit("@", 1)[-1].rsplit(":", 1)[0]
-
-
 def resources_on(resources: Iterable[StateResource], addresses: Iterable[str],
                  deleted: Iterable[str] = ()) -> list[str]:
     """The URNs an update must not touch for the nodes at ADDRESSES: every remote command that
@@ -85,7 +78,7 @@ def resources_on(resources: Iterable[StateResource], addresses: Iterable[str],
     wanted = set(addresses)
     resources = list(resources)
     providers = {r.urn for r in resources
-                 if r.docker_host is not None and _docker_host_address(r.docker_host) in wanted}
+                 if r.docker_host is not None and docker_host_address(r.docker_host) in wanted}
     on_node = {r.urn for r in resources
                if r.host in wanted or r.urn in providers or r.provider in providers}
     by_urn = {r.urn: r for r in resources}

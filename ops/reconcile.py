@@ -185,11 +185,14 @@ class Reconciler:
         # What this pass's status saw of the virtual IP (None: no door on two nodes, or the
         # pass did not get that far): its metrics vanish rather than repeat an old answer.
         self.virtual_ip: VirtualIpReport | None = None
+        # This pass's hung units (running, not serving) and their (node, container)s.
+        self.hung: dict[str, tuple[tuple[str, str], ...]] = {}
 
     def run_pass(self) -> Decision:
         started = self.clock()
         record: dict[str, Any] = {}
         self.virtual_ip = None
+        self.hung = {}
         try:
             decision = self._decide(started, record)
         except StackError as error:
@@ -223,6 +226,7 @@ class Reconciler:
         if slot is not None:
             record["routerSeesSlot"] = slot
         broken = breakages(report)
+        self.hung = {unit: breakage.hung for unit, breakage in broken.items() if breakage.hung}
         note_lost_nodes(self.memory, unreachable_nodes(report), now)
         decision = assess(broken, self.memory, self.settings.limits, now,
                           serving=stack.topology.serving and stack.serving_config)
@@ -331,6 +335,13 @@ class Reconciler:
     def _heal(self, engine: StackEngine, decision: Decision, fingerprint: str,
               record: dict[str, Any]) -> Decision:
         units = decision.units
+        # A hung unit's containers run, so refresh sees no drift and up would change nothing:
+        # they are replaced by name (`up --replace`, in the stack's history), drained, gated
+        # and admitted as any replacement.
+        hung = [container for unit in units for container in self.hung.get(unit, ())]
+        replace = engine.container_urns(hung) if hung else []
+        if hung:
+            record["replace"] = [urn.rsplit("::", 1)[-1] for urn in replace]
         started = self.clock()
         start_heal(self.memory, units, started)
         save_memory(self.settings.state_file, self.memory)
@@ -339,7 +350,7 @@ class Reconciler:
         self._write({"time": _iso(started), "stack": self.settings.stack, "event": "heal-start",
                      "units": list(units), "message": message})
         try:
-            steps = engine.heal(message)
+            steps = engine.heal(message, replace=replace)
         except StackLocked as locked:
             forget_heal(self.memory, units, started)
             return Decision("locked", units, f"another update holds the stack ({locked}): "
@@ -362,12 +373,45 @@ class Reconciler:
                             f"{record['seconds']}s ({self.memory.last_failure}); next attempt "
                             f"at {datetime.fromtimestamp(retry_at, timezone.utc):%H:%M:%S} UTC",
                             REFUSED, decision.details)
-        finish_heal(self.memory, units, started, True, self.settings.limits, fingerprint)
-        self.memory.last_healthy = self.clock()
         record["seconds"] = round(self.clock() - started, 1)
         record["steps"] = steps
+        # Judged by its outcome: an update that changed nothing healed nothing, and a unit that
+        # still does not serve after it was not healed, whatever the update's exit status.
+        unhealed = self._still_broken(units) if _changed(steps) else {
+            unit: ["the update replaced nothing (refresh and up: " + _steps(steps) + ")"]
+            for unit in units}
+        if unhealed:
+            finish_heal(self.memory, units, started, False, self.settings.limits, fingerprint)
+            reasons = "; ".join(f"{unit}: {', '.join(problems)}"
+                                for unit, problems in sorted(unhealed.items()))
+            self.memory.last_failure = f"does not serve after the update: {reasons}"[:1000]
+            self.memory.last_failure_resources = []
+            retry_at = max(self.memory.unit(n).retry_at or 0 for n in units)
+            return Decision("heal-failed", units,
+                            f"the heal of {', '.join(units)} did not heal: {reasons}; next "
+                            f"attempt at {datetime.fromtimestamp(retry_at, timezone.utc):%H:%M:%S}"
+                            " UTC", REFUSED, decision.details)
+        finish_heal(self.memory, units, started, True, self.settings.limits, fingerprint)
+        self.memory.last_healthy = self.clock()
+        replaced = f"; replaced {', '.join(record['replace'])}" if record.get("replace") else ""
         return Decision("healed", units, f"healed {', '.join(units)} in {record['seconds']}s "
-                        f"(refresh and up: {_steps(steps)})", SERVING, decision.details)
+                        f"(refresh and up: {_steps(steps)}{replaced})", SERVING,
+                        decision.details)
+
+    def _still_broken(self, units: tuple[str, ...]) -> dict[str, list[str]]:
+        """UNITS that do not serve now, a fresh status of the stack after the heal's update (the
+        update's gates have admitted what it replaced), with their problems."""
+        stack = self.load()
+        transport = self.transport_factory(stack.access)
+        prober = Prober(transport, self.settings.probe_timeout,
+                        tls=status_command.door_tls(stack))
+        try:
+            report = self.status(stack, transport, prober)
+        finally:
+            prober.close()
+            transport.close()
+        broken = breakages(report)
+        return {unit: list(broken[unit].problems) for unit in units if unit in broken}
 
     def _report(self, decision: Decision, started: float, record: dict[str, Any]) -> None:
         self.last = decision
@@ -413,6 +457,11 @@ def failure_summary(failures: list[dict[str, str]], output: str) -> str:
 
 def _iso(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _changed(steps: dict[str, int]) -> bool:
+    """Whether an update's step counts changed anything (anything but `same`)."""
+    return any(count for op, count in steps.items() if op != "same")
 
 
 def _steps(steps: dict[str, int]) -> str:

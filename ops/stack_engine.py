@@ -13,7 +13,7 @@ import json
 import os
 import runpy
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import chdir
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ import yaml
 from pulumi import automation as auto
 
 from .heal_policy import UpdateEntry
+from .state_urns import container_urns
 from .stack import REPO
 
 
@@ -144,9 +145,14 @@ class StackEngine:
         return {op: count for op, count in (result.change_summary or {}).items()
                 if op != "same" and count}
 
-    def heal(self, message: str) -> dict[str, int]:
+    def container_urns(self, containers: Iterable[tuple[str, str]]) -> list[str]:
+        """The state's URNs of the containers named by (node, container name)."""
+        return container_urns({"deployment": self.stack.export_stack().deployment}, containers)
+
+    def heal(self, message: str, replace: Sequence[str] = ()) -> dict[str, int]:
         """`pulumi refresh` (the dead containers drift) then `pulumi up` (their groups are
-        replaced whole, gated, admitted, smoke-tested). Returns up's step counts; a failure
+        replaced whole, gated, admitted, smoke-tested), replacing REPLACE too (a hung unit's
+        containers, which run and so do not drift). Returns up's step counts; a failure
         raises HealFailed with the resources that failed and their error lines."""
         events: list[auto.EngineEvent] = []
 
@@ -157,7 +163,8 @@ class StackEngine:
 
         try:
             self.stack.refresh(message=message, show_secrets=False, on_event=seen)
-            result = self.stack.up(message=message, show_secrets=False, on_event=seen)
+            result = self.stack.up(message=message, show_secrets=False, on_event=seen,
+                                   replace=list(replace) or None)
         except auto.ConcurrentUpdateError as error:
             raise StackLocked(str(error).strip().splitlines()[-1][:300]) from None
         except auto.CommandError as error:

@@ -45,6 +45,10 @@ class Engine:
         self.pending: dict[str, int] = {}
         self.failure: Exception | None = None
         self.heals: list[str] = []
+        self.replaced: list[list[str]] = []
+        # What a heal's update does to the cluster (the harness's containers), if anything.
+        self.fixes = lambda: None
+        self.steps = {"replace": 1, "same": 40}
 
     def config_fingerprint(self) -> str:
         return "config-1"
@@ -58,11 +62,17 @@ class Engine:
     def pending_steps(self) -> dict[str, int]:
         return self.pending
 
-    def heal(self, message: str) -> dict[str, int]:
+    def container_urns(self, containers) -> list[str]:
+        return [f"urn:pulumi:s::kimipd::docker:index/container:Container::{name}@{node}"
+                for node, name in containers]
+
+    def heal(self, message: str, replace=()) -> dict[str, int]:
         self.heals.append(message)
+        self.replaced.append(list(replace))
         if self.failure:
             raise self.failure
-        return {"replace": 1, "same": 40}
+        self.fixes()
+        return self.steps
 
 
 class Unreachable:
@@ -76,7 +86,10 @@ class Harness:
     def __init__(self, tmp_path: Path, dry_run: bool = False, serving: bool = True) -> None:
         self.now = 1_000_000.0
         self.dead = False
+        # The unit's container runs but does not answer (a hung group), instead of exiting.
+        self.hung = False
         self.engine = Engine()
+        self.engine.fixes = self.fixed
         self.log = io.StringIO()
         self.settings = Settings(stack="s", project_dir=tmp_path, limits=Limits(
             grace_seconds=10, max_heals_per_hour=2, backoff_seconds=60), dry_run=dry_run,
@@ -90,8 +103,11 @@ class Harness:
         return Reconciler(self.settings, lambda: stack, lambda access: Unreachable(),
                           engine_factory=lambda: self.engine, clock=lambda: self.now,
                           status=lambda stack, transport, prober: report(row(
-                              "decode-b-r0", "exited" if self.dead else "running",
-                              ok=not self.dead, group="decode-b")))
+                              "decode-b-r0", "exited" if self.dead and not self.hung
+                              else "running", ok=not self.dead, group="decode-b")))
+
+    def fixed(self) -> None:
+        self.dead = False
 
     def run(self, advance: float = 0.0):
         self.now += advance
@@ -126,9 +142,11 @@ def test_a_dead_group_is_healed_after_the_grace_and_every_step_is_logged(tmp_pat
 
 def test_the_limits_survive_a_restart_of_the_service(tmp_path) -> None:
     h = Harness(tmp_path)
-    h.dead = True
     # A healed unit that dies again gets its grace again.
-    kinds = [h.run(11 if n else 0).kind for n in range(4)]
+    kinds = []
+    for n in range(4):
+        h.dead = True
+        kinds.append(h.run(11 if n else 0).kind)
     assert kinds == ["grace", "healed", "grace", "healed"]
     again = Harness(tmp_path)  # a new process reading the same state file
     again.now, again.dead = h.now, True
@@ -330,3 +348,53 @@ def test_a_heals_refresh_and_up_events_also_reach_its_observer() -> None:
     engine.stack, engine.on_event = Stack(), seen.append
     assert engine.heal("kimipd reconcile: heal router-a") == {"replace": 1, "same": 9}
     assert seen == ["refresh event", "up event"]
+
+
+def test_a_hung_unit_is_replaced_by_name_and_the_line_says_what(tmp_path) -> None:
+    """Its container runs and does not answer: refresh sees no drift, so the heal's update
+    replaces exactly its containers (`up --replace`)."""
+    h = Harness(tmp_path)
+    h.dead = h.hung = True
+    assert h.run().kind == "grace"
+    healed = h.run(11)
+    assert healed.kind == "healed", healed
+    assert h.engine.replaced == [
+        ["urn:pulumi:s::kimipd::docker:index/container:Container::kimipd-decode-b-r0@10.0.0.1"]]
+    assert "replaced kimipd-decode-b-r0@10.0.0.1" in healed.message
+    assert h.lines()[-1]["replace"] == ["kimipd-decode-b-r0@10.0.0.1"]
+
+
+def test_an_exited_unit_is_healed_by_refresh_and_up_alone(tmp_path) -> None:
+    h = Harness(tmp_path)
+    h.dead = True
+    h.run()
+    assert h.run(11).kind == "healed"
+    assert h.engine.replaced == [[]]
+    assert "replace" not in h.lines()[-1]
+
+
+def test_an_update_that_replaced_nothing_is_no_heal_and_counts_as_an_attempt(tmp_path) -> None:
+    h = Harness(tmp_path)
+    h.dead = h.hung = True
+    h.engine.steps = {"same": 302}
+    h.engine.fixes = lambda: None  # the update changed nothing, so nothing serves again
+    h.run()
+    failed = h.run(11)
+    assert (failed.kind, failed.exit_code) == ("heal-failed", REFUSED)
+    assert "the update replaced nothing (refresh and up: same 302)" in failed.message
+    state = load_memory(h.settings.state_file)
+    assert state.unit("decode-b").failures == 1 and len(state.unit("decode-b").heals) == 1
+    assert h.run(11).kind == "backoff"  # the back-off counts the real attempt
+
+
+def test_a_unit_that_still_does_not_serve_after_the_update_is_heal_failed(tmp_path) -> None:
+    h = Harness(tmp_path)
+    h.dead = True
+    h.engine.fixes = lambda: None  # replaced, and the new container fails as well
+    h.run()
+    failed = h.run(11)
+    assert failed.kind == "heal-failed", failed
+    assert "did not heal: decode-b: kimipd-decode-b-r0 on 10.0.0.1: exited" in failed.message
+    assert load_memory(h.settings.state_file).last_failure.startswith(
+        "does not serve after the update: decode-b")
+

@@ -177,3 +177,17 @@ def test_changes_no_one_applied_are_refused_except_finishing_its_own_failed_heal
 def test_memory_round_trips_through_json(data: dict) -> None:
     memory = Memory.from_json(data)
     assert Memory.from_json(memory.as_json()) == memory
+
+
+def test_a_unit_that_runs_and_does_not_answer_is_hung_and_an_exited_one_is_not() -> None:
+    paused = row("decode-a-r1", state="paused", group="decode-a")
+    found = breakages(report(
+        row("decode-a-r0", ok=False, group="decode-a"), paused,
+        row("decode-b-r0", ok=False, group="decode-b"),
+        row("decode-b-r1", state="exited", ok=False, group="decode-b"),
+    ))
+    assert found["decode-a"].hung == (("10.0.0.1", "kimipd-decode-a-r0"),
+                                      ("10.0.0.1", "kimipd-decode-a-r1"))
+    assert "kimipd-decode-a-r1 on 10.0.0.1: paused (running, not answering)" in \
+        found["decode-a"].problems
+    assert found["decode-b"].hung == ()  # an exited rank drifts: refresh and up replace it
