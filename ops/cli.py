@@ -212,6 +212,9 @@ def run_status(args: argparse.Namespace, stack: Stack, transport: Transport) -> 
         memory = reconcile_memory(stack.topology.stack)
         if report.lost and memory is not None:
             status_command.note_lost_since(report, memory.lost_since)
+        if report.hung and memory is not None:
+            status_command.note_hung_since(report, {unit: state.broken_since
+                                                    for unit, state in memory.units.items()})
         if memory is not None and memory.last_failure:
             report.notes.append(f"reconcile: the last heal failed: {memory.last_failure} "
                                 "(its log line has the error lines; scripts/kimipd logs)")

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from .status import Report, Row
+from .status import Report, hung_units, unit_of
 
 HOUR = 3600.0
 
@@ -51,9 +51,6 @@ class Breakage:
     reachable: bool = True
     hung: tuple[tuple[str, str], ...] = ()
 
-
-# docker's states of a container that is there and holds its process: a hung unit's.
-HELD_STATES = ("running", "paused")
 
 
 @dataclass
@@ -113,21 +110,13 @@ class Decision:
     details: Mapping[str, Any] = field(default_factory=dict)
 
 
-def unit_of(row: Row) -> str:
-    """A rank's group; anything else is its own unit by its role (mooncake-master, router,
-    door, router-a, router-b; on two door nodes door-A-B-C-D, keepalived, keepalived-A-B-C-D)."""
-    return row.ref.group or row.ref.role
-
-
 def breakages(report: Report) -> dict[str, Breakage]:
     """Broken units and why. A stale restart-generation label is a pending `up`, not a failure,
     and the whole-path probe alone heals nothing (no container drifted), so neither counts."""
     found: dict[str, list[str]] = {}
     unreachable: set[str] = set()
-    rows_of: dict[str, list[Row]] = {}
     for row in report.rows:
         docker = row.docker
-        rows_of.setdefault(unit_of(row), []).append(row)
         problems = []
         if docker.state == "unknown":
             problems.append(f"{row.ref.node}: {docker.error or 'docker state unknown'}")
@@ -145,13 +134,9 @@ def breakages(report: Report) -> dict[str, Breakage]:
                             "(running, not answering)")
         if problems:
             found.setdefault(unit_of(row), []).extend(problems)
-    broken = {}
-    for unit, problems in found.items():
-        rows = rows_of[unit]
-        held = all(row.docker.state in HELD_STATES for row in rows)
-        hung = tuple((row.ref.node, row.ref.name) for row in rows) if held else ()
-        broken[unit] = Breakage(tuple(problems), unit not in unreachable, hung)
-    return broken
+    hung = hung_units(report.rows)
+    return {unit: Breakage(tuple(problems), unit not in unreachable, hung.get(unit, ()))
+            for unit, problems in found.items()}
 
 
 def missing_from_slots(report: Report) -> dict[str, list[str]]:

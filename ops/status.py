@@ -78,6 +78,8 @@ class Report:
     lost: list[LostNode] = field(default_factory=list)
     # Who holds the door's virtual IP; None without one (a door on router.node alone).
     virtual_ip: VirtualIpReport | None = None
+    # Units that run and do not serve (hung_units), first broken when (reconcile's state).
+    hung: list[HungUnit] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         document = {
@@ -111,7 +113,31 @@ class Report:
         if self.virtual_ip is not None:
             document["virtualIp"] = self.virtual_ip.as_json()
         document["lostNodes"] = [lost.as_json() for lost in self.lost]
+        document["hungUnits"] = [hung.as_json() for hung in self.hung]
         return document
+
+
+@dataclass
+class HungUnit:
+    """A unit (a group, or a role of its own) whose containers all run, or are paused, while
+    one of them does not serve: a rank stuck in a collective, a wedged GPU. Distinct from an
+    exited unit: refresh sees no drift, and reconcile replaces its containers."""
+
+    unit: str
+    containers: list[str]  # NAME@NODE
+    # When reconcile first found the unit broken (its state file), None if no pass has.
+    since: float | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"unit": self.unit, "containers": self.containers,
+                "since": (datetime.fromtimestamp(self.since, timezone.utc)
+                          .isoformat(timespec="seconds") if self.since else None)}
+
+    def line(self) -> str:
+        since = (f" since {datetime.fromtimestamp(self.since, timezone.utc):%H:%M:%S} UTC"
+                 if self.since else "")
+        return (f"{self.unit} hung{since}: running, not answering ({', '.join(self.containers)});"
+                " reconcile replaces its containers (docs/healing.md: a group hangs)")
 
 
 @dataclass
@@ -139,6 +165,34 @@ class LostNode:
         return (f"node {self.node} lost{since}: {what}: {self.error}; runs "
                 f"{', '.join(self.roles)}. Reconcile waits for it; one that will not come "
                 "back: set its nodes[].out and `scripts/kimipd up` (docs/healing.md)")
+
+
+# docker's states of a container that is there and holds its process: a hung unit's.
+HELD_STATES = ("running", "paused")
+
+
+def unit_of(row: Row) -> str:
+    """A rank's group; anything else is its own unit by its role (mooncake-master, router,
+    door, router-a, router-b; on two door nodes door-A-B-C-D, keepalived, keepalived-A-B-C-D)."""
+    return row.ref.group or row.ref.role
+
+
+def hung_units(rows: list[Row]) -> dict[str, tuple[tuple[str, str], ...]]:
+    """Unit -> (node, container) of each of its containers, for each unit whose containers all
+    hold their process (running or paused) while one does not serve (paused, or its health
+    failing): what refresh cannot see and an update must replace by name."""
+    by_unit: dict[str, list[Row]] = {}
+    for row in rows:
+        by_unit.setdefault(unit_of(row), []).append(row)
+    return {unit: tuple((row.ref.node, row.ref.name) for row in members)
+            for unit, members in by_unit.items()
+            if all(row.docker.state in HELD_STATES for row in members)
+            and any(row.docker.state == "paused" or not row.health.ok for row in members)}
+
+
+def note_hung_since(report: Report, since: dict[str, float | None]) -> None:
+    for hung in report.hung:
+        hung.since = since.get(hung.unit)
 
 
 def lost_nodes(rows: list[Row]) -> list[LostNode]:
@@ -268,6 +322,8 @@ def _problems(row: Row, expected_generation: int | None) -> list[str]:
         problems.append(docker.error or "docker state unknown")
     elif docker.state == "absent":
         problems.append("container absent")
+    elif docker.state == "paused":
+        problems.append("paused (running, not answering)")
     elif docker.state != "running":
         problems.append(f"{docker.state} (exit {docker.exit_code})")
     if (docker.generation is not None and expected_generation is not None
@@ -400,8 +456,10 @@ def collect(topology: Topology, transport: Transport, prober: Prober, timeout: f
         exit_code, verdict = OK, "serving"
     else:
         exit_code, verdict = DEGRADED, "degraded"
+    hung = [HungUnit(unit, [f"{name}@{node}" for node, name in containers])
+            for unit, containers in sorted(hung_units(rows).items())]
     return Report(topology.stack, now, True, rows, path_answer, exit_code, verdict, notes,
-                  firewall, door_report, lost_nodes(rows), vip_report)
+                  firewall, door_report, lost_nodes(rows), vip_report, hung)
 
 
 # -- rendering -----------------------------------------------------------------------------------
@@ -546,6 +604,7 @@ def render(report: Report) -> Group:
     if not report.rows:
         return Group(Text(title, style="bold red"), *[Text(note) for note in report.notes])
     lost = [Text(node.line(), style="bold red") for node in report.lost]
+    lost += [Text(hung.line(), style="bold red") for hung in report.hung]
     table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
     for column in ("role", "node", "container", "state", "uptime", "gen", "health", "via",
                    "verdict"):

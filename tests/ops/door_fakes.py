@@ -177,12 +177,22 @@ class _Server:
             def log_message(self, *args):
                 pass
 
-        self.server = _QuietServer((host, free_port(host)), Handler)
-        if tls is not None:
-            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
-        self.host, self.port = host, self.server.server_address[1]
+        self._handler, self._tls = Handler, tls
+        self.host, self.port = host, free_port(host)
+        self._serve()
+
+    def _serve(self) -> None:
+        self.server = _QuietServer((self.host, self.port), self._handler)
+        if self._tls is not None:
+            self.server.socket = self._tls.wrap_socket(self.server.socket, server_side=True)
+        self.stopped = False
         threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
                          daemon=True).start()
+
+    def restart(self) -> None:
+        """Serving again on the same port, as a replaced container's server does."""
+        self.stop()
+        self._serve()
 
     def answer(self, method: str, path: str, authorization: str | None) -> tuple[int, Any]:
         raise NotImplementedError
@@ -455,6 +465,16 @@ class DoorStack:
     def kill(self, role: str) -> None:
         """The container exits as after a SIGKILL (docker says 137)."""
         self.containers[role].exit_code = -9
+
+    def replace(self, role: str) -> None:
+        """What an update's replacement does: a new container of ROLE that runs and, for a
+        slot's router, serves on its port again with every group (its restore)."""
+        self.containers[role] = FakeContainer()
+        name = role.removeprefix("router-")
+        if name in self.slots and role.startswith("router-"):
+            self.slots[name].restart()
+            self.admin.servers[f"slot-{name}"] = {"status": "UP", "check_status": "L7OK",
+                                                   "check_code": "200", "lastchg": "1"}
 
     def kill_slot(self, name: str) -> None:
         """A slot's router SIGKILLed: its port refuses, the door's checks mark it DOWN."""

@@ -4,6 +4,7 @@ nodes' SSH replaced by a local fake. Tests run in file order; the last one kills
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -299,3 +300,39 @@ def test_a_killed_decode_rank_shows_in_its_row_and_exits_1(cluster: LoopbackClus
     assert rows(report)["prefill-r0"].ok and rows(report)["router"].ok
     text = _text(report)
     assert "exited (137)" in text and "degraded" in text
+
+
+def test_a_unit_that_runs_and_does_not_answer_is_named_hung_since_reconcile_saw_it(
+        tmp_path, capsys, monkeypatch) -> None:
+    """Distinct from an exited unit: its containers run and it answers nothing (a rank frozen,
+    as `docker pause` freezes it, stalls its group: sim/standin's group.py); since when, from
+    reconcile's state."""
+    hung_env = {"SGLANG_STANDIN_STEP_TIMEOUT_SECONDS": "1", "SGLANG_HEALTH_CHECK_TIMEOUT": "1"}
+    cluster = start_cluster(tmp_path / "cluster", decode_env=hung_env)
+    frozen = cluster.decode.procs[1].popen
+    try:
+        outputs, config = tmp_path / "outputs.json", tmp_path / "config.json"
+        outputs.write_text(json.dumps(cluster.outputs()))
+        config.write_text("{}")
+        monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+        memory = tmp_path / "state" / "kimipd" / "reconcile-loopback.json"
+        memory.parent.mkdir(parents=True)
+        memory.write_text(json.dumps({"units": {"decode": {"broken_since": 1_800_000_000.0}}}))
+        frozen.send_signal(signal.SIGSTOP)
+        nodes = LocalNodes(cluster.containers())
+        argv = ["-s", "loopback", "--outputs-json", str(outputs), "--config-json", str(config)]
+        # The whole path's probe waits on the stalled group: bounded here, as an operator may.
+        probes = ["--timeout", "3", "--generate-timeout", "3"]
+        assert main(argv + ["status", "--json", *probes],
+                    transport_factory=lambda access: nodes) != OK
+        document = json.loads(capsys.readouterr().out)
+        assert document["hungUnits"] == [{
+            "unit": "decode", "containers": ["kimipd-decode-r0@127.0.0.3",
+                                             "kimipd-decode-r1@127.0.0.4"],
+            "since": "2027-01-15T08:00:00+00:00"}], document["containers"]
+        assert main(argv + ["status", *probes], transport_factory=lambda access: nodes) != OK
+        assert "decode hung since 08:00:00 UTC: running, not answering" in \
+            capsys.readouterr().out
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+        stop_cluster(cluster)
