@@ -56,13 +56,14 @@ def assert_rates(report) -> None:
         # than configured (5 % for the clocks); a busy machine only makes it later.
         assert m.ttft >= 0.95 * prefill_seconds, (name, m.ttft, prefill_seconds)
         assert m.e2e >= 0.95 * (prefill_seconds + decode_seconds), (name, m.e2e)
-        # Ceilings: a stream read only at its end (buffered, as curl without -N does) has its
-        # first token after the whole decode (medium: 5x its prefill time) and every token at
-        # once (a decode rate of thousands, or none), far beyond ROOM either way.
-        assert m.ttft < ROOM * prefill_seconds, (name, m.ttft, prefill_seconds)
+        # The stream as it came: one read only at its end (buffered, as curl without -N does)
+        # has its first token with the last and every token at once. Paced, the tokens after
+        # the first take about the decode's time, however busy the machine (a ceiling on the
+        # first token failed at 3x beside the first `up`: 8.1 s against 2.64 s); half of it
+        # leaves room for a first token read late, and none of it is a buffered stream.
+        assert m.e2e - m.ttft >= 0.5 * decode_seconds, (name, m.ttft, m.e2e, decode_seconds)
         decode = m.decode_tokens_per_second
-        assert decode is not None and DECODE_RATE / ROOM < decode < DECODE_RATE * ROOM, \
-            (name, decode)
+        assert decode is not None and 0 < decode < DECODE_RATE * ROOM, (name, decode)
 
 
 def test_measures_the_configured_speeds(cluster: LoopbackCluster) -> None:
