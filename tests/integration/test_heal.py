@@ -15,7 +15,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -188,6 +189,101 @@ def service(project: Project, tmp_path: Path) -> Iterator[dict]:
         print(process.stdout.read() if process.stdout else "")
 
 
+@dataclass
+class HealUnderLoad:
+    """A sequential client's answers (RESULTS, with when each was sent and answered: TIMES)
+    while GROUP broke and reconcile healed it; when the fault came and when the group served
+    whole again (time.monotonic())."""
+
+    results: list[int]
+    times: list[tuple[float, float]]
+    broken_at: float
+    back_at: float
+
+    def failed_since_broken(self) -> list[tuple[float, int]]:
+        """(seconds after the fault it was sent, status) of each request that failed."""
+        return [(round(sent - self.broken_at, 1), status)
+                for (sent, _), status in zip(self.times, self.results) if status != 200]
+
+
+def heal_under_load(sim: SimCluster, log: Path, group: str,
+                    fault: Callable[[], float]) -> HealUnderLoad:
+    """Load through the door, FAULT (which returns when it struck) 3 s in, then until GROUP's
+    containers are all new, running and healthy in the router, and reconcile logged `healed`."""
+    before = container_ids(sim)
+    url = f"http://{DECODE[group][0]}:30000"
+    stop, results, times = threading.Event(), [], []
+    loader = threading.Thread(target=generate_loop, args=(stop, results, 100000, times),
+                              daemon=True)
+    loader.start()
+    try:
+        time.sleep(3)
+        broken_at = fault()
+
+        def serving_again() -> bool:
+            ids = container_ids(sim)  # a container being replaced is missing for a moment
+            replaced = all(ids.get(name, before[name]) != before[name]
+                           and ids[name].endswith("running")
+                           for name in before if name.startswith(f"kimipd-{group}-"))
+            return replaced and url in healthy_workers()
+
+        wait_until(serving_again, 600, f"{group} replaced and healthy in the router")
+        back_at = time.monotonic()
+        # The up goes on after the admission (the smoke test): its decision comes after.
+        wait_until(lambda: [d for d in decisions(log) if d.get("decision") == "healed"], 120,
+                   "reconcile's healed decision")
+        time.sleep(3)
+    finally:
+        stop.set()
+        loader.join(30)
+    return HealUnderLoad(results, times, broken_at, back_at)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_watch_replaces_a_group_with_a_paused_rank_under_load(
+        stack: auto.Stack, sim: SimCluster, service: dict, rank: int) -> None:
+    """`docker pause` of one rank of decode-b: its processes frozen, every container running.
+    The group hangs (the stand-in stalls as SGLang's collectives do: rank 0's /health goes
+    unanswered or 503), refresh sees no drift, and reconcile replaces exactly decode-b's
+    containers by name (`up --replace`), with no person."""
+    log = service["log.jsonl"]
+    wait_until(lambda: [d for d in decisions(log) if d.get("decision") == "healthy"], 120,
+               "a first healthy pass")
+    before = container_ids(sim)
+    node, container = DECODE["decode-b"][rank], f"kimipd-decode-b-r{rank}"
+
+    def pause() -> float:
+        paused = sim.docker(node, "pause", container)
+        assert paused.returncode == 0, paused.stderr
+        return time.monotonic()
+
+    run = heal_under_load(sim, log, "decode-b", pause)
+    lines = decisions(log)
+    healed = [d for d in lines if d.get("decision") == "healed"]
+    failed = run.failed_since_broken()
+    back = run.back_at - run.broken_at
+    print(f"paused decode-b rank {rank}: serving whole again after {back:.1f}s; "
+          f"{len(run.results)} requests, {len(failed)} failed {failed}; "
+          f"heal {healed[0]['seconds'] if healed else '-'}s, replaced "
+          f"{healed[0].get('replace') if healed else '-'}")
+    assert [d["units"] for d in healed] == [["decode-b"]], lines
+    assert sorted(healed[0]["replace"]) == [f"node-{address.replace('.', '-')}-decode"
+                                            for address in DECODE["decode-b"]], healed[0]
+    assert not [d for d in lines if d.get("decision") == "healed" and not d.get("replace")]
+    after = container_ids(sim)
+    for name, state in before.items():
+        if not name.startswith("kimipd-decode-b-"):
+            assert after.get(name) == state, f"{name} changed when only decode-b was replaced"
+    # Only requests the slots sent to decode-b before they stopped choosing it fail (each waits
+    # out the client's 10 s): none sent once it serves again.
+    assert len(run.results) > 20
+    assert all(sent < back for sent, _ in failed), failed
+    # The hang is seen after SGLANG_HEALTH_CHECK_TIMEOUT (20 s) or the probe's timeout, the
+    # grace is 4 s, the drain of a hung group waits out drainTimeoutSeconds (60 s), then one
+    # group load (3 s) and the admission: 240 s is twice that.
+    assert back < 240, f"serving whole again only after {back:.0f}s"
+
+
 def test_watch_heals_a_killed_decode_rank_under_load_then_stops_at_the_limit(
         stack: auto.Stack, sim: SimCluster, service: dict) -> None:
     log = service["log.jsonl"]
@@ -203,37 +299,13 @@ def test_watch_heals_a_killed_decode_rank_under_load_then_stops_at_the_limit(
     assert stranger.returncode == 0, stranger.stderr
     stranger_before = container_ids(sim)["other-decode-a-r1"]
     before = container_ids(sim)
-
-    stop, results, times = threading.Event(), [], []
-    loader = threading.Thread(target=generate_loop, args=(stop, results, 100000, times),
-                              daemon=True)
-    loader.start()
-    try:
-        time.sleep(3)
-        killed_at = kill_server(sim, DECODE["decode-a"][1], "kimipd-decode-a-r1")
-        url = f"http://{DECODE['decode-a'][0]}:30000"
-
-        def serving_again() -> bool:
-            ids = container_ids(sim)  # a container being replaced is missing for a moment
-            replaced = all(ids.get(name, before[name]) != before[name]
-                           and ids[name].endswith("running")
-                           for name in before if name.startswith("kimipd-decode-a-"))
-            return replaced and url in healthy_workers()
-
-        wait_until(serving_again, 600, "decode-a replaced and healthy in the router")
-        healed_at = time.monotonic()
-        # The up goes on after the admission (the smoke test): its decision comes after.
-        wait_until(lambda: [d for d in decisions(log) if d.get("decision") == "healed"], 120,
-                   "reconcile's healed decision")
-        time.sleep(3)
-    finally:
-        stop.set()
-        loader.join(30)
-    failed = [(sent - killed_at, status) for (sent, _), status in zip(times, results)
-              if status != 200]
+    run = heal_under_load(sim, log, "decode-a", lambda: kill_server(
+        sim, DECODE["decode-a"][1], "kimipd-decode-a-r1"))
+    failed = run.failed_since_broken()
+    results = run.results
     lines = decisions(log)
     healed = [d for d in lines if d.get("decision") == "healed"]
-    print(f"heal under load: kill -> serving again {healed_at - killed_at:.1f}s; "
+    print(f"heal under load: kill -> serving again {run.back_at - run.broken_at:.1f}s; "
           f"{len(results)} requests, {len(failed)} failed {failed}; heal "
           f"{healed[0]['seconds'] if healed else '-'}s")
     assert [d["units"] for d in healed] == [["decode-a"]], lines
