@@ -43,6 +43,12 @@ class Occurrence:
     written: str  # `--tp=8` as given
     option: CliOption
 
+    def value(self, argv: list[str]) -> str | None:
+        """Its value in ARGV (`--tp=8` or `--tp 8`); None when the argv ends before one."""
+        if "=" in self.written:
+            return self.written.split("=", 1)[1]
+        return argv[self.index + 1] if self.index + 1 < len(argv) else None
+
 
 class CliTable:
     """One release's options: look-ups and a parser equivalent to the real one."""

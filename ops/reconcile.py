@@ -11,7 +11,8 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -208,19 +209,24 @@ class Reconciler:
         self._report(decision, started, record)
         return decision
 
-    def _decide(self, now: float, record: dict[str, Any]) -> Decision:
-        stack = self.load()
-        # One SSH transport and one HTTP client for the pass's probes.
+    @contextmanager
+    def _probes(self, stack: Stack) -> Iterator[tuple[Transport, Prober]]:
+        """One SSH transport and one HTTP client for a pass's probes, closed after them."""
         transport = self.transport_factory(stack.access)
         prober = Prober(transport, self.settings.probe_timeout,
                         tls=status_command.door_tls(stack))
         try:
-            report = self.status(stack, transport, prober)
-            self.virtual_ip = report.virtual_ip
-            seen, slot = self._router_sees(stack, prober)
+            yield transport, prober
         finally:
             prober.close()
             transport.close()
+
+    def _decide(self, now: float, record: dict[str, Any]) -> Decision:
+        stack = self.load()
+        with self._probes(stack) as (transport, prober):
+            report = self.status(stack, transport, prober)
+            self.virtual_ip = report.virtual_ip
+            seen, slot = self._router_sees(stack, prober)
         if seen is not None:
             record["routerSees"] = seen
         if slot is not None:
@@ -402,14 +408,8 @@ class Reconciler:
         """UNITS that do not serve now, a fresh status of the stack after the heal's update (the
         update's gates have admitted what it replaced), with their problems."""
         stack = self.load()
-        transport = self.transport_factory(stack.access)
-        prober = Prober(transport, self.settings.probe_timeout,
-                        tls=status_command.door_tls(stack))
-        try:
+        with self._probes(stack) as (transport, prober):
             report = self.status(stack, transport, prober)
-        finally:
-            prober.close()
-            transport.close()
         broken = breakages(report)
         return {unit: list(broken[unit].problems) for unit in units if unit in broken}
 

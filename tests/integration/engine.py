@@ -190,8 +190,7 @@ def shared_minilb(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[
 
 
 # A module on the shared 2P2D stack imports these three: its tests then take `stack`, `project`
-# and `sim` as a module of its own stack's would. test_up.py and test_xpyd.py define their own
-# three from `shared_minilb`.
+# and `sim` as a module of its own stack's would (the MiniLB stack's modules: the three below).
 @pytest.fixture(scope="module", name="stack")
 def shared_2p2d_stack(shared_2p2d: SharedStack) -> auto.Stack:
     return shared_2p2d.stack
@@ -205,6 +204,21 @@ def shared_2p2d_project(shared_2p2d: SharedStack) -> Project:
 @pytest.fixture(scope="module", name="sim")
 def shared_2p2d_sim(shared_2p2d: SharedStack) -> SimCluster:
     return shared_2p2d.sim
+
+
+@pytest.fixture(scope="module", name="stack")
+def shared_minilb_stack(shared_minilb: SharedStack) -> auto.Stack:
+    return shared_minilb.stack
+
+
+@pytest.fixture(scope="module", name="project")
+def shared_minilb_project(shared_minilb: SharedStack) -> Project:
+    return shared_minilb.project
+
+
+@pytest.fixture(scope="module", name="sim")
+def shared_minilb_sim(shared_minilb: SharedStack) -> SimCluster:
+    return shared_minilb.sim
 
 
 class Events:

@@ -19,8 +19,8 @@ from pulumi import automation as auto
 from sim.automation import Project
 from tests.conftest import stack_values
 from tests.integration.engine import (  # noqa: F401 - fixtures
-    DECODE_RANKS, NODES, SHARED_MINILB, Events, SharedStack, container_ids, env, new_stack,
-    shared_minilb, sim_values, with_minilb)
+    DECODE_RANKS, NODES, SHARED_MINILB, Events, container_ids, env, new_stack, shared_minilb,
+    shared_minilb_project, shared_minilb_sim, shared_minilb_stack, sim_values, with_minilb)
 from tests.integration.sim import SimCluster, restart_sim, start_sim
 
 pytestmark = pytest.mark.timeout(1800)
@@ -39,16 +39,6 @@ def bare_sim(env: dict[str, str]) -> SimCluster:
 @pytest.fixture(scope="module")
 def bare_project(env: dict[str, str], bare_sim: SimCluster, tmp_path_factory) -> Project:
     return Project(tmp_path_factory.mktemp("kimipd-up"), env)
-
-
-@pytest.fixture(scope="module")
-def sim(shared_minilb: SharedStack) -> SimCluster:
-    return shared_minilb.sim
-
-
-@pytest.fixture(scope="module")
-def project(shared_minilb: SharedStack) -> Project:
-    return shared_minilb.project
 
 
 def test_preflight_failure_stops_before_any_container(bare_project: Project,
@@ -86,15 +76,9 @@ def test_prefill_rank_exiting_while_loading_fails_the_gate(bare_project: Project
     assert container_ids(sim) == {}
 
 
-@pytest.fixture(scope="module")
-def stack(shared_minilb: SharedStack) -> auto.Stack:
-    # The runbook's order (router last up, first down) is MiniLB's (engine.with_minilb). The
-    # shared stack's first `up` is its fixture's; the first test's is a no-op, then checked.
-    return shared_minilb.stack
-
-
 def test_up_converges_and_the_router_answers(stack: auto.Stack, sim: SimCluster) -> None:
     # The shared stack's fixture ran the first `up` (engine.shared_minilb): what it converged.
+    # The runbook's order (router last up, first down) is MiniLB's (engine.with_minilb).
     outputs = {key: value.value for key, value in stack.outputs().items()}
     assert outputs["routerUrl"] == "http://10.231.60.5:31000"
     assert outputs["generateUrl"] == "http://10.231.60.5:31000/generate"

@@ -23,8 +23,8 @@ from ops.cli import main as kimipd
 from sim.automation import Project
 from tests.conftest import stack_values
 from tests.integration.engine import (  # noqa: F401 - fixtures
-    CONTAINER, DECODE_RANKS, NODES, PREFILL_RANKS, ROUTER, SHARED_MINILB, Events, SharedStack,
-    container_ids, shared_minilb, up_under_load)
+    CONTAINER, DECODE_RANKS, NODES, PREFILL_RANKS, ROUTER, SHARED_MINILB, Events, container_ids,
+    shared_minilb, shared_minilb_project, shared_minilb_sim, shared_minilb_stack, up_under_load)
 from tests.integration.sim import SimCluster
 
 pytestmark = pytest.mark.timeout(1800)
@@ -38,24 +38,10 @@ def two_by_two() -> dict:
     return {"groups": values["groups"], "metrics": values["metrics"]}
 
 
+# The shared MiniLB stack (engine.shared_minilb): MiniLB's worker list is on its command line,
+# so regrouping replaces it last (with the rust router the groups' memberships change instead:
+# test_security.py).
 STACK = SHARED_MINILB
-
-
-@pytest.fixture(scope="module")
-def sim(shared_minilb: SharedStack) -> SimCluster:
-    return shared_minilb.sim
-
-
-@pytest.fixture(scope="module")
-def project(shared_minilb: SharedStack) -> Project:
-    return shared_minilb.project
-
-
-@pytest.fixture(scope="module")
-def stack(shared_minilb: SharedStack) -> auto.Stack:
-    # MiniLB's worker list is on its command line: regrouping replaces it last (with the rust
-    # router the groups' memberships change instead: test_security.py).
-    return shared_minilb.stack
 
 
 def outputs_of(stack: auto.Stack) -> dict:

@@ -84,18 +84,25 @@ def test_table_and_json_through_the_cli(cluster: LoopbackCluster, tmp_path, caps
     assert decode1["health"]["via"] == "direct" and decode1["health"]["status"] == 200
 
 
-def test_status_says_what_reconcile_last_failed_and_since_when_a_node_is_lost(
-        cluster: LoopbackCluster, tmp_path, capsys, monkeypatch) -> None:
+def cli_with_reconcile_state(cluster: LoopbackCluster, tmp_path, monkeypatch,
+                             memory: dict) -> list[str]:
+    """The CLI's arguments for CLUSTER's outputs, with MEMORY as reconcile's state file."""
     outputs, config = tmp_path / "outputs.json", tmp_path / "config.json"
     outputs.write_text(json.dumps(cluster.outputs()))
     config.write_text("{}")
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    memory = tmp_path / "state" / "kimipd" / "reconcile-loopback.json"
-    memory.parent.mkdir(parents=True)
-    memory.write_text(json.dumps({"units": {}, "last_failure": "decode-drain: not drained",
-                                  "lost_since": {"127.0.0.4": 1_800_000_000.0}}))
+    state = tmp_path / "state" / "kimipd" / "reconcile-loopback.json"
+    state.parent.mkdir(parents=True)
+    state.write_text(json.dumps(memory))
+    return ["-s", "loopback", "--outputs-json", str(outputs), "--config-json", str(config)]
+
+
+def test_status_says_what_reconcile_last_failed_and_since_when_a_node_is_lost(
+        cluster: LoopbackCluster, tmp_path, capsys, monkeypatch) -> None:
+    argv = cli_with_reconcile_state(cluster, tmp_path, monkeypatch, {
+        "units": {}, "last_failure": "decode-drain: not drained",
+        "lost_since": {"127.0.0.4": 1_800_000_000.0}})
     nodes = LocalNodes(cluster.containers(), unreachable={"127.0.0.4"})
-    argv = ["-s", "loopback", "--outputs-json", str(outputs), "--config-json", str(config)]
     assert main(argv + ["status", "--json"], transport_factory=lambda access: nodes) == DEGRADED
     document = json.loads(capsys.readouterr().out)
     assert "reconcile: the last heal failed: decode-drain: not drained" in " ".join(
@@ -311,16 +318,10 @@ def test_a_unit_that_runs_and_does_not_answer_is_named_hung_since_reconcile_saw_
     cluster = start_cluster(tmp_path / "cluster", decode_env=hung_env)
     frozen = cluster.decode.procs[1].popen
     try:
-        outputs, config = tmp_path / "outputs.json", tmp_path / "config.json"
-        outputs.write_text(json.dumps(cluster.outputs()))
-        config.write_text("{}")
-        monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-        memory = tmp_path / "state" / "kimipd" / "reconcile-loopback.json"
-        memory.parent.mkdir(parents=True)
-        memory.write_text(json.dumps({"units": {"decode": {"broken_since": 1_800_000_000.0}}}))
+        argv = cli_with_reconcile_state(cluster, tmp_path, monkeypatch, {
+            "units": {"decode": {"broken_since": 1_800_000_000.0}}})
         frozen.send_signal(signal.SIGSTOP)
         nodes = LocalNodes(cluster.containers())
-        argv = ["-s", "loopback", "--outputs-json", str(outputs), "--config-json", str(config)]
         # The whole path's probe waits on the stalled group: bounded here, as an operator may.
         probes = ["--timeout", "3", "--generate-timeout", "3"]
         assert main(argv + ["status", "--json", *probes],

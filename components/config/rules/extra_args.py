@@ -94,13 +94,8 @@ def tokenizer_workers_with_keys(cfg: ClusterConfig) -> Iterable[str]:
         for occurrence in table.occurrences(args):
             if occurrence.option.dest != "tokenizer_worker_num":
                 continue
-            if "=" in occurrence.written:
-                value = occurrence.written.split("=", 1)[1]
-            elif occurrence.index + 1 < len(args):
-                value = args[occurrence.index + 1]
-            else:
-                continue
-            if value.strip() != "1":
+            value = occurrence.value(args)
+            if value is not None and value.strip() != "1":
                 yield (f"groups.{name}.extraArgs[{occurrence.index}]: {occurrence.written!r} "
                        f"{value!r} runs several tokenizer workers, and SGLang refuses an API key "
                        "with more than one (router.kind 'rust' keys every server with "

@@ -64,13 +64,9 @@ def _given(key: str, args: list[str]) -> dict[str, Setting]:
         dest = occurrence.option.dest
         if dest not in wanted:
             continue
-        if "=" in occurrence.written:
-            value = occurrence.written.split("=", 1)[1]
-        elif occurrence.index + 1 < len(args):
-            value = args[occurrence.index + 1]
-        else:
-            continue  # extra_args_parse reports the missing value
-        found[dest] = Setting(value, f"{key}[{occurrence.index}]")
+        value = occurrence.value(args)
+        if value is not None:  # a missing value is extra_args_parse's to report
+            found[dest] = Setting(value, f"{key}[{occurrence.index}]")
     return found
 
 
