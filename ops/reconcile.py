@@ -50,6 +50,10 @@ class Settings:
     probe_timeout: float = 5.0
     # One readable line per decision (the journal, with --log FILE); None: the JSON lines only.
     echo: TextIO | None = None
+    # How long a healed unit may take to show serving in a fresh status after the update (a
+    # docker engine that just replaced containers once answered one of them absent), asked
+    # every SETTLE_INTERVAL_SECONDS.
+    settle_seconds: float = 30.0
 
 
 def default_state_file(stack: str) -> Path:
@@ -405,13 +409,19 @@ class Reconciler:
                         decision.details)
 
     def _still_broken(self, units: tuple[str, ...]) -> dict[str, list[str]]:
-        """UNITS that do not serve now, a fresh status of the stack after the heal's update (the
-        update's gates have admitted what it replaced), with their problems."""
+        """UNITS that do not serve after the heal's update (the update's gates have admitted
+        what it replaced), with their problems: a fresh status, asked again for up to
+        settle_seconds while one is broken."""
         stack = self.load()
-        with self._probes(stack) as (transport, prober):
-            report = self.status(stack, transport, prober)
-        broken = breakages(report)
-        return {unit: list(broken[unit].problems) for unit in units if unit in broken}
+        deadline = time.monotonic() + self.settings.settle_seconds
+        while True:
+            with self._probes(stack) as (transport, prober):
+                report = self.status(stack, transport, prober)
+            broken = breakages(report)
+            still = {unit: list(broken[unit].problems) for unit in units if unit in broken}
+            if not still or time.monotonic() >= deadline:
+                return still
+            time.sleep(SETTLE_INTERVAL_SECONDS)
 
     def _report(self, decision: Decision, started: float, record: dict[str, Any]) -> None:
         self.last = decision
@@ -457,6 +467,9 @@ def failure_summary(failures: list[dict[str, str]], output: str) -> str:
 
 def _iso(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="milliseconds")
+
+
+SETTLE_INTERVAL_SECONDS = 3.0
 
 
 def _changed(steps: dict[str, int]) -> bool:

@@ -4,6 +4,7 @@ tests/integration/test_heal.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import subprocess
@@ -94,7 +95,7 @@ class Harness:
         self.settings = Settings(stack="s", project_dir=tmp_path, limits=Limits(
             grace_seconds=10, max_heals_per_hour=2, backoff_seconds=60), dry_run=dry_run,
             state_file=tmp_path / "state.json", log=self.log,
-            metrics_file=tmp_path / "metrics" / "reconcile.prom")
+            metrics_file=tmp_path / "metrics" / "reconcile.prom", settle_seconds=0)
         stack = Stack(Topology.from_outputs("s", OUTPUTS), Access(None, {}), VerificationSpec(),
                       serving_config=serving)
         self.reconciler = self.build(stack)
@@ -397,4 +398,27 @@ def test_a_unit_that_still_does_not_serve_after_the_update_is_heal_failed(tmp_pa
     assert "did not heal: decode-b: kimipd-decode-b-r0 on 10.0.0.1: exited" in failed.message
     assert load_memory(h.settings.state_file).last_failure.startswith(
         "does not serve after the update: decode-b")
+
+
+def test_a_unit_that_serves_once_the_engine_settles_is_healed(tmp_path, monkeypatch) -> None:
+    """Right after an update a docker engine once answered a replaced container absent: the
+    outcome is asked again within settle_seconds before it is called a failed heal."""
+    monkeypatch.setattr("ops.reconcile.SETTLE_INTERVAL_SECONDS", 0.01)
+    h = Harness(tmp_path)
+    h.reconciler.settings = dataclasses.replace(h.settings, settle_seconds=5)
+    h.dead = True
+    h.engine.fixes = lambda: None  # broken right after the update ...
+    checks = []
+
+    def status(stack, transport, prober):
+        if h.engine.heals and len(checks) > 3:
+            h.dead = False  # ... serving at a later look
+        checks.append(h.dead)
+        return report(row("decode-b-r0", "exited" if h.dead else "running", ok=not h.dead,
+                          group="decode-b"))
+
+    h.reconciler.status = status
+    h.run()
+    assert h.run(11).kind == "healed"
+    assert checks.count(True) >= 3 and checks[-1] is False
 
