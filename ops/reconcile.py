@@ -190,14 +190,11 @@ class Reconciler:
         # What this pass's status saw of the virtual IP (None: no door on two nodes, or the
         # pass did not get that far): its metrics vanish rather than repeat an old answer.
         self.virtual_ip: VirtualIpReport | None = None
-        # This pass's hung units (running, not serving) and their (node, container)s.
-        self.hung: dict[str, tuple[tuple[str, str], ...]] = {}
 
     def run_pass(self) -> Decision:
         started = self.clock()
         record: dict[str, Any] = {}
         self.virtual_ip = None
-        self.hung = {}
         try:
             decision = self._decide(started, record)
         except StackError as error:
@@ -236,7 +233,6 @@ class Reconciler:
         if slot is not None:
             record["routerSeesSlot"] = slot
         broken = breakages(report)
-        self.hung = {unit: breakage.hung for unit, breakage in broken.items() if breakage.hung}
         note_lost_nodes(self.memory, unreachable_nodes(report), now)
         decision = assess(broken, self.memory, self.settings.limits, now,
                           serving=stack.topology.serving and stack.serving_config)
@@ -256,7 +252,11 @@ class Reconciler:
                 decision, kind="would-heal", exit_code=WAITING,
                 message=f"dry run: would heal {', '.join(decision.units)} (refresh and up); "
                         "nothing changed")
-        return self._heal(engine, decision, fingerprint, record)
+        # A hung unit's containers run, so refresh sees no drift and up would change nothing:
+        # they are replaced by name (`up --replace`, in the stack's history), drained, gated
+        # and admitted as any replacement.
+        hung = [container for unit in decision.units for container in broken[unit].hung]
+        return self._heal(engine, decision, fingerprint, record, hung)
 
     def _register_again(self, stack: Stack, missing: dict[str, list[str]]) -> Decision:
         """Every container serves and a slot lacks a group: that slot's restore on router.node
@@ -343,12 +343,8 @@ class Reconciler:
                 for worker in workers}
 
     def _heal(self, engine: StackEngine, decision: Decision, fingerprint: str,
-              record: dict[str, Any]) -> Decision:
+              record: dict[str, Any], hung: list[tuple[str, str]]) -> Decision:
         units = decision.units
-        # A hung unit's containers run, so refresh sees no drift and up would change nothing:
-        # they are replaced by name (`up --replace`, in the stack's history), drained, gated
-        # and admitted as any replacement.
-        hung = [container for unit in units for container in self.hung.get(unit, ())]
         replace = engine.container_urns(hung) if hung else []
         if hung:
             record["replace"] = [urn.rsplit("::", 1)[-1] for urn in replace]
