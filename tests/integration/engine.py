@@ -21,9 +21,9 @@ from pulumi import automation as auto
 from bench.load import Load
 from sim.automation import REQUIRED_PLUGINS, Project, engine_env, installed_plugins
 from tests.conftest import REPO, stack_values
-from tests.integration.sim import SimCluster, start_sim, stop_sim
+from tests.integration.sim import SHIPPED_NODES, SMALL_NODES, SimCluster, start_sim, stop_sim
 
-NODES = [f"10.231.60.{i}" for i in range(1, 9)]
+NODES = SHIPPED_NODES
 # Rank containers' resource names (by node and mode) in stack `sim`: P on .1-.4, D on .5-.8.
 PREFILL_RANKS = [f"node-10-231-60-{i}-prefill" for i in range(1, 5)]
 DECODE_RANKS = [f"node-10-231-60-{i}-decode" for i in range(5, 9)]
@@ -53,6 +53,17 @@ def sim(env) -> Iterator[SimCluster]:
     stop_sim(cluster)
 
 
+@pytest.fixture(scope="module", name="sim")
+def small_sim(env) -> Iterator[SimCluster]:
+    """The sim for a module of small stacks (`small_values`): only nodes 9-12 are its, so it
+    runs beside the modules of the 8-node stacks (scripts/test's second engine session)."""
+    cluster = start_sim(SMALL_NODES)
+    cluster.remove_kimipd_containers(SMALL_NODES)
+    yield cluster
+    cluster.remove_kimipd_containers(SMALL_NODES)
+    stop_sim(cluster)
+
+
 @pytest.fixture(scope="module")
 def project(env, sim: SimCluster, tmp_path_factory) -> Project:
     return Project(tmp_path_factory.mktemp("kimipd-up"), env)
@@ -75,6 +86,31 @@ def sim_values(sim: SimCluster, stack: str = "sim", door: bool = False, **change
         if values["router"]["door"].get("virtualIp") is not None:
             values["router"]["door"]["virtualIp"] = values["router"]["door"]["virtualIp"] | {
                 "image": sim.keepalived_image}
+    values.update(changes)
+    return values
+
+
+# The small stacks' router: on decode's first node, as stack `sim`'s is.
+SMALL_ROUTER = f"http://{SMALL_NODES[2]}:31000"
+
+
+def small_values(sim: SimCluster, **changes) -> dict:
+    """Stack `sim` on the four small nodes: a prefill and a decode group of two nodes each (TP16;
+    every rank >= 1 a peer of rank 0, as on the big stacks), the Mooncake master on prefill's
+    first node and the router (its door and slots) on decode's first, as in stack `sim`. For
+    the tests of the program's behaviour that do not need eight nodes: they run beside those
+    that do (scripts/test); the shipped shapes keep their own tests (docs/tests.md)."""
+    values = sim_values(sim)
+    values["nodes"] = [{"address": node, "gpus": 8} for node in SMALL_NODES]
+    values["mooncakeMaster"] = values["mooncakeMaster"] | {"node": SMALL_NODES[0]}
+    for group, nodes in (("prefill", SMALL_NODES[:2]), ("decode", SMALL_NODES[2:])):
+        values["groups"][group] = values["groups"][group] | {
+            "nodes": nodes, "tpSize": 16, "epSize": 16}
+    values["router"] = values["router"] | {"node": SMALL_NODES[2]}
+    # A gate whose group cannot come up (a rank's node unreachable, its create cancelled by an
+    # interrupted `up`) waits this long before the `up` fails or ends: the sim's loads take
+    # seconds, and 300 s of waiting cost test_faults ten minutes in one run.
+    values["gates"] = values["gates"] | {"timeoutSeconds": 90}
     values.update(changes)
     return values
 
@@ -103,10 +139,10 @@ def new_stack(project: Project, sim: SimCluster, name: str, values: dict) -> aut
 # stack takes it as the previous module left it and says so.
 SHARED_2P2D = "sim-2p2d"
 SHARED_2P2D_MODULES = ("test_rollout.py", "test_heal.py", "test_door.py")
-# Stack `sim` with the runbook's MiniLB, whose router starts last and goes first: test_up.py,
-# then test_xpyd.py, which moves it to 2P2D and destroys it.
+# Stack `sim` with the runbook's MiniLB, whose router starts last and goes first: test_xpyd.py
+# moves it to 2P2D and destroys it (test_up.py, which shared it, runs on a small stack now).
 SHARED_MINILB = "sim-minilb"
-SHARED_MINILB_MODULES = ("test_up.py", "test_xpyd.py")
+SHARED_MINILB_MODULES = ("test_xpyd.py",)
 
 
 def shared_2p2d_values(sim: SimCluster) -> dict:
@@ -288,10 +324,10 @@ def settled_status(project: Project, stack_name: str,
 
 
 def container_ids(sim: SimCluster) -> dict[str, str]:
-    """container name -> "ID STATE" on every node; a name on more than one node (the door and
-    keepalived on two door nodes) is NAME on the first and NAME@NODE on the others."""
+    """container name -> "ID STATE" on every node of SIM's; a name on more than one node (the
+    door and keepalived on two door nodes) is NAME on the first and NAME@NODE on the others."""
     ids = {}
-    for node in NODES:
+    for node in sim.nodes:
         listing = sim.docker(node, "ps", "-a", "--filter", "label=kimipd.role",
                              "--format", "{{.Names}} {{.ID}} {{.State}}")
         for line in listing.stdout.split("\n"):
@@ -305,14 +341,14 @@ ROUTER = "http://10.231.60.5:31000"
 
 
 def generate_loop(stop: threading.Event, results: list[int], limit: int = 2000,
-                  times: list[tuple[float, float]] | None = None) -> None:
-    """One request at a time until STOP; RESULTS gets each HTTP status (0: no answer), TIMES
-    (if given) when each was sent and answered (time.monotonic())."""
+                  times: list[tuple[float, float]] | None = None, router: str = ROUTER) -> None:
+    """One request at a time to ROUTER until STOP; RESULTS gets each HTTP status (0: no
+    answer), TIMES (if given) when each was sent and answered (time.monotonic())."""
     body = json.dumps({"text": "load", "sampling_params": {"max_new_tokens": 4}}).encode()
     while not stop.is_set() and len(results) < limit:
         sent = time.monotonic()
         # The key is sent to MiniLB too, which ignores it.
-        request = urllib.request.Request(ROUTER + "/generate", data=body,
+        request = urllib.request.Request(router + "/generate", data=body,
                                          headers={"Content-Type": "application/json",
                                                   **AUTHORIZED})
         try:
@@ -327,11 +363,13 @@ def generate_loop(stop: threading.Event, results: list[int], limit: int = 2000,
         time.sleep(0.05)
 
 
-def up_under_load(stack: auto.Stack, what: str) -> tuple[Events, list[int]]:
-    """`up` while a client sends small /generate requests through the router, one at a time;
+def up_under_load(stack: auto.Stack, what: str,
+                  router: str = ROUTER) -> tuple[Events, list[int]]:
+    """`up` while a client sends small /generate requests through ROUTER, one at a time;
     prints and returns what each got (HTTP status, 0: no answer)."""
     stop, results = threading.Event(), []
-    loader = threading.Thread(target=generate_loop, args=(stop, results), daemon=True)
+    loader = threading.Thread(target=generate_loop, args=(stop, results),
+                              kwargs={"router": router}, daemon=True)
     loader.start()
     started = time.monotonic()
     events = Events()

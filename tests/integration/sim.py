@@ -8,13 +8,17 @@ import signal
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sim.automation import sim_exports
 from tests.conftest import REPO
 
 SIM = REPO / "sim" / "sim"
+# The shipped stacks' nodes (Pulumi.sim*.yaml), and the two the small stacks use: modules on
+# these run in an engine session of their own beside the 8-node one (scripts/test).
+SHIPPED_NODES = [f"10.231.60.{i}" for i in range(1, 9)]
+SMALL_NODES = [f"10.231.60.{i}" for i in range(9, 13)]
 
 
 def _sim(*args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
@@ -26,6 +30,8 @@ def _sim(*args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
 class SimCluster:
     env: dict[str, str]
     started_here: bool
+    # The nodes this module's stacks use: what it lists and clears, and nothing else.
+    nodes: list[str] = field(default_factory=lambda: list(SHIPPED_NODES))
 
     @property
     def image(self) -> str:
@@ -62,8 +68,15 @@ class SimCluster:
         self._stop_daemon(number, "dockerd")
 
     def stop_sshd(self, number: int) -> None:
-        """Node N unreachable: its sshd stopped (`restart_sim` starts it again)."""
+        """Node N unreachable: its sshd stopped (`start_node` or `restart_sim` starts it again)."""
         self._stop_daemon(number, "sshd")
+
+    @staticmethod
+    def start_node(number: int) -> None:
+        """Node N's stopped daemons again, and nothing else: `restart_sim` would also restore what
+        a test of the other engine session broke on purpose (a node's link)."""
+        result = _sim("start-node", str(number), timeout=300)
+        assert result.returncode == 0, result.stderr[-4000:]
 
     @staticmethod
     def _stop_daemon(number: int, daemon: str) -> None:
@@ -100,7 +113,7 @@ class SimCluster:
 _session = {"checked": False, "started": False}
 
 
-def start_sim() -> SimCluster:
+def start_sim(nodes: list[str] | None = None) -> SimCluster:
     """The sim, up and with a current image (`sim/sim up` is idempotent and rebuilds the image
     when sim/standin changed); left as it was found when the session ends."""
     if not _session["checked"]:
@@ -111,7 +124,8 @@ def start_sim() -> SimCluster:
     status = _sim("status")
     # Nothing may be sent to 10.231.60.x unless the sim's bridge carries it.
     assert status.returncode == 0, f"the sim is not up:\n{status.stdout}{status.stderr}"
-    return SimCluster(env=sim_exports(), started_here=_session["started"])
+    return SimCluster(env=sim_exports(), started_here=_session["started"],
+                      nodes=list(nodes or SHIPPED_NODES))
 
 
 def restart_sim() -> None:

@@ -1,5 +1,7 @@
 """Faults an operator will meet, each through the real engine on the sim, each ending with a
-converging `pulumi up` whose smoke test passes. Tests run in file order on one stack."""
+converging `pulumi up` whose smoke test passes. Tests run in file order on one small stack (two
+nodes per group, engine.small_values): none of these faults needs eight nodes, and the module runs
+beside the 8-node ones."""
 
 from __future__ import annotations
 
@@ -17,16 +19,16 @@ from pulumi import automation as auto
 
 from sim.automation import Project
 from tests.integration.engine import (  # noqa: F401 - fixtures
-    NODES, Events, container_ids, env, kimipd, new_stack, project,
-    sim, sim_values, up_under_load)
-from tests.integration.sim import SimCluster, restart_sim
+    SMALL_ROUTER, Events, container_ids, env, kimipd, new_stack, project, small_sim, small_values,
+    up_under_load)
+from tests.integration.sim import SMALL_NODES, SimCluster
 
 pytestmark = pytest.mark.timeout(1800)
 
 
 @pytest.fixture(scope="module")
 def stack(project: Project, sim: SimCluster) -> Iterator[auto.Stack]:
-    stack = new_stack(project, sim, "faults", sim_values(sim))
+    stack = new_stack(project, sim, "faults", small_values(sim))
     stack.up()
     yield stack
     stack.destroy()
@@ -40,8 +42,8 @@ def converges(stack: auto.Stack) -> dict:
 
 def all_running(sim: SimCluster) -> dict[str, str]:
     ids = container_ids(sim)
-    # 9 ranks and the mc-master, the door and its two router slots
-    assert len(ids) == 12 and all(v.endswith("running") for v in ids.values()), ids
+    # 4 ranks and the mc-master, the door and its two router slots
+    assert len(ids) == 8 and all(v.endswith("running") for v in ids.values()), ids
     return ids
 
 
@@ -153,6 +155,7 @@ def test_a_missing_image_fails_up_before_any_serving_container_changes(
     missing = sim.image.rsplit(":", 1)[0] + ":no-such-tag"
     project.update_stack("faults", {"image": missing})
     preview = stack.preview()
+    # at least each node's image and each rank
     assert preview.change_summary.get("replace", 0) + preview.change_summary.get("create", 0) >= 8
     with pytest.raises(auto.CommandError) as error:
         stack.up()
@@ -166,19 +169,21 @@ def test_a_missing_image_fails_up_before_any_serving_container_changes(
 def test_an_unreachable_node_is_named_and_up_converges_once_it_is_back(
         stack: auto.Stack, project: Project, sim: SimCluster) -> None:
     project.update_stack("faults", {"restartGeneration": 1})
-    sim.stop_sshd(6)
+    decode_node = SMALL_NODES[3]  # decode's rank 1 (not the router's node)
+    number = int(decode_node.rsplit(".", 1)[1])
+    sim.stop_sshd(number)
     try:
         with pytest.raises(auto.CommandError) as error:
             stack.up()
-        assert "10.231.60.6" in str(error.value)
+        assert decode_node in str(error.value)
     finally:
-        restart_sim()
+        sim.start_node(number)
     stack.refresh()
     converges(stack)
     ids = all_running(sim)
-    labels = sim.docker("10.231.60.6", "inspect", "--format",
+    labels = sim.docker(decode_node, "inspect", "--format",
                         '{{index .Config.Labels "kimipd.restart-generation"}}', "kimipd-decode-r1")
-    assert labels.stdout.strip() == "1" and len(ids) == 12
+    assert labels.stdout.strip() == "1" and len(ids) == 8
 
 
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGKILL"])
@@ -188,7 +193,7 @@ def test_up_interrupted_while_a_gate_waits_recovers(stack: auto.Stack, project: 
     pending operations: `pulumi cancel`, then `refresh --clear-pending-creates`
     (docs/troubleshooting.md)."""
     generation = {"SIGINT": 2, "SIGKILL": 3}[signal_name]
-    values = sim_values(sim)
+    values = small_values(sim)
     # Long enough that the signal lands while decode's gate waits (2 s after it starts), short
     # because every later `up` of this module loads decode for as long.
     values["groups"]["decode"]["env"] = {"SGLANG_STANDIN_LOAD_SECONDS": "10"}
@@ -228,19 +233,19 @@ def test_up_interrupted_while_a_gate_waits_recovers(stack: auto.Stack, project: 
 
 def test_a_container_the_state_does_not_know_is_removed_with_its_group(
         stack: auto.Stack, project: Project, sim: SimCluster) -> None:
-    """What a killed `up` can leave, made on purpose: decode-r2 replaced behind the state's back
-    by a container of the same name. `refresh` would drop the state's decode-r2 and `up` collide
+    """What a killed `up` can leave, made on purpose: decode-r1 replaced behind the state's back
+    by a container of the same name. `refresh` would drop the state's decode-r1 and `up` collide
     with the name; `kimipd orphans --remove` takes the whole decode group, and `up` restarts it."""
-    node = NODES[6]
+    node = SMALL_NODES[3]
     image = sim.docker(node, "inspect", "--format", "{{.Config.Image}}",
-                       "kimipd-decode-r2").stdout.strip()
-    sim.docker(node, "rm", "-f", "kimipd-decode-r2")
-    sim.docker(node, "run", "-d", "--name", "kimipd-decode-r2", "--network", "none",
-               "--label", "kimipd.role=decode-r2", "--label", "kimipd.group=decode",
+                       "kimipd-decode-r1").stdout.strip()
+    sim.docker(node, "rm", "-f", "kimipd-decode-r1")
+    sim.docker(node, "run", "-d", "--name", "kimipd-decode-r1", "--network", "none",
+               "--label", "kimipd.role=decode-r1", "--label", "kimipd.group=decode",
                "--entrypoint", "sleep", image, "600")
     before = container_ids(sim)
     assert orphans_found_and_removed(project, stack, sim) == {
-        f"kimipd-decode-r{rank}" for rank in range(4)}
+        f"kimipd-decode-r{rank}" for rank in range(2)}
     after = container_ids(sim)
     assert {name: before[name] for name in after} == after  # nothing else touched
     stack.refresh()
@@ -264,11 +269,11 @@ def test_requests_during_a_router_only_change(stack: auto.Stack, project: Projec
                                               sim: SimCluster) -> None:
     """A bounded load through the door while `up` replaces only the router: its two slots go
     one at a time, each drained at the door first, so no request fails; the door itself stays."""
-    values = sim_values(sim)
+    values = small_values(sim)
     values["router"]["extraArgs"] = ["--log-level", "warn"]
     before = container_ids(sim)
     project.update_stack("faults", {"router": values["router"]})
-    events, results = up_under_load(stack, "router-only change")
+    events, results = up_under_load(stack, "router-only change", router=SMALL_ROUTER)
     failed = [status for status in results if status != 200]
     assert {"router-a", "router-b", "smoke-test-generate"} <= events.changed()
     assert "door" not in events.changed()

@@ -11,7 +11,6 @@ starts. Needs the sim up (never started or stopped here) and the provider plugin
 
 from __future__ import annotations
 
-import copy
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,14 +22,15 @@ from pulumi import automation as auto
 
 from bench.sim_bench import docker_time as docker_seconds
 from sim.automation import Project
-from tests.conftest import REPO, stack_values
+from tests.conftest import REPO
 from tests.integration.engine import (  # noqa: F401 - fixtures
-    CONTAINER, NODES, Events, container_ids, env, new_stack, sim, with_minilb)
-from tests.integration.sim import SimCluster
+    CONTAINER, Events, container_ids, env, new_stack, small_sim, small_values, with_minilb)
+from tests.integration.sim import SMALL_NODES, SimCluster
 
 pytestmark = pytest.mark.timeout(1200)
 
-PREFILL, DECODE = NODES[:4], NODES[4:]
+# A small stack (engine.small_values: two nodes per group), beside the 8-node modules.
+PREFILL, DECODE = SMALL_NODES[:2], SMALL_NODES[2:]
 BOOTSTRAP_DELAY = 6
 PREFILL_LOAD = 20
 DECODE_LOAD = 4
@@ -51,8 +51,7 @@ def standin_wheel(tmp_path_factory) -> Path:
 
 def values_for(sim: SimCluster, wheel: Path, order: str) -> dict:
     # MiniLB: the router starts once every group is ready (engine.with_minilb).
-    values = with_minilb(copy.deepcopy(stack_values("sim")))
-    values["image"] = sim.image
+    values = with_minilb(small_values(sim))
     values["startOrder"] = order
     values["nodeFiles"].append({"source": str(wheel),
                                 "destination": f"/var/lib/kimipd-sim/files/{wheel.name}"})
@@ -124,8 +123,8 @@ def test_overlapped_decode_waits_for_the_late_bootstrap_port_not_for_prefill_hea
         f"{decode_ready}")
     # The engine's own order: every rank's health check done before the router is created.
     router_starts = events.index("pre", "create", "router", CONTAINER)
-    for group in ("prefill", "decode"):
-        for rank in range(4):
+    for group, nodes in (("prefill", PREFILL), ("decode", DECODE)):
+        for rank in range(len(nodes)):
             assert events.index("done", "create", f"{group}-r{rank}-health") < router_starts
     state = stack.export_stack().deployment["resources"]
     (check,) = [r for r in state if r["urn"].endswith("::prefill-r0-bootstrap")]

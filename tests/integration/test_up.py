@@ -3,71 +3,75 @@
 Needs the command 1.2.1 and docker 5.2.0 resource plugins. scripts/install-pulumi installs them
 from the official installer or from its drop-in directory; the Go module proxy reachable here
 serves neither provider's module, so on a machine without either source this module is skipped,
-saying so. Two failing `up`s of stacks of their own come first, on nodes with nothing on them;
-then the module runs on the shared MiniLB stack (engine.shared_minilb), which test_xpyd.py goes
-on with and destroys. Tests run in file order, each building on the state the previous one left.
+saying so. The stacks are small (engine.small_values: a prefill and a decode group of two nodes,
+on nodes 9-12), so the module runs beside the 8-node ones; the shipped shapes' first `up`s are
+test_xpyd's, test_rollout's and test_readme_commands'. Two failing `up`s of stacks of their own
+come first, on nodes with nothing on them; then one MiniLB stack, whose router starts last and
+goes first. Tests run in file order, each building on the state the previous one left.
 """
 
 from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Iterator
 
 import pytest
 from pulumi import automation as auto
 
 from sim.automation import Project
-from tests.conftest import stack_values
 from tests.integration.engine import (  # noqa: F401 - fixtures
-    DECODE_RANKS, NODES, SHARED_MINILB, Events, container_ids, env, new_stack, shared_minilb,
-    shared_minilb_project, shared_minilb_sim, shared_minilb_stack, sim_values, with_minilb)
-from tests.integration.sim import SimCluster, restart_sim, start_sim
+    SMALL_ROUTER, Events, container_ids, env, new_stack, project, small_sim, small_values,
+    with_minilb)
+from tests.integration.sim import SMALL_NODES, SimCluster
 
 pytestmark = pytest.mark.timeout(1800)
-STACK = SHARED_MINILB
+STACK = "up"
+PREFILL_NODES, DECODE_NODES = SMALL_NODES[:2], SMALL_NODES[2:]
+# decode's rank containers' resource names (by node and mode), as engine.DECODE_RANKS
+DECODE_RANKS = [f"node-{node.replace('.', '-')}-decode" for node in DECODE_NODES]
+ROUTER_NODE = DECODE_NODES[0]
+
+
+def node_number(address: str) -> int:
+    return int(address.rsplit(".", 1)[1])
 
 
 @pytest.fixture(scope="module")
-def bare_sim(env: dict[str, str]) -> SimCluster:
-    """The sim with no stack's containers on it, for the failing `up`s of stacks of their own
-    that run before the shared stack comes up (the previous shared stack is gone by then)."""
-    cluster = start_sim()
-    cluster.remove_kimipd_containers(NODES)
-    return cluster
+def stack(project: Project, sim: SimCluster) -> Iterator[auto.Stack]:
+    """The MiniLB stack the tests from test_up_converges_and_the_router_answers on build on."""
+    stack = new_stack(project, sim, STACK, with_minilb(small_values(sim)))
+    stack.up()
+    yield stack
+    stack.destroy()
 
 
-@pytest.fixture(scope="module")
-def bare_project(env: dict[str, str], bare_sim: SimCluster, tmp_path_factory) -> Project:
-    return Project(tmp_path_factory.mktemp("kimipd-up"), env)
-
-
-def test_preflight_failure_stops_before_any_container(bare_project: Project,
-                                                      bare_sim: SimCluster) -> None:
-    project, sim = bare_project, bare_sim
-    stack = new_stack(project, sim, "preflight", sim_values(sim))
-    sim.stop_dockerd(3)
+def test_preflight_failure_stops_before_any_container(project: Project, sim: SimCluster) -> None:
+    stack = new_stack(project, sim, "preflight", small_values(sim))
+    failing = PREFILL_NODES[1]
+    sim.stop_dockerd(node_number(failing))
     try:
         with pytest.raises(auto.CommandError) as error:
             stack.up()
         message = str(error.value)
-        assert "preflight failed on node 10.231.60.3: docker: docker engine does not answer" in message
+        assert (f"preflight failed on node {failing}: docker: docker engine does not answer"
+                in message)
     finally:
-        restart_sim()
-    assert container_ids(sim) == {}, "a container was started although node 3 failed preflight"
+        sim.start_node(node_number(failing))
+    assert container_ids(sim) == {}, f"a container was started although {failing} failed preflight"
     stack.destroy()
 
 
-def test_prefill_rank_exiting_while_loading_fails_the_gate(bare_project: Project,
-                                                           bare_sim: SimCluster) -> None:
-    project, sim = bare_project, bare_sim
-    values = with_minilb(sim_values(sim))  # its router would wait for both groups
+def test_prefill_rank_exiting_while_loading_fails_the_gate(project: Project,
+                                                           sim: SimCluster) -> None:
+    values = with_minilb(small_values(sim))  # its router would wait for both groups
     values["groups"]["prefill"]["env"] = {"SGLANG_STANDIN_EXIT_WHILE_LOADING": "0"}
     values["gates"] = {"timeoutSeconds": 120, "intervalSeconds": 1}
     stack = new_stack(project, sim, "prefill-fault", values)
     with pytest.raises(auto.CommandError) as error:
         stack.up()
     message = str(error.value)
-    assert "kimipd-prefill-r0 on 10.231.60.1: not running: exited (exit code 1)" in message
+    assert f"kimipd-prefill-r0 on {PREFILL_NODES[0]}: not running: exited (exit code 1)" in message
     assert "CUDA out of memory" in message
     names = container_ids(sim)
     assert "kimipd-prefill-r0" in names
@@ -77,23 +81,24 @@ def test_prefill_rank_exiting_while_loading_fails_the_gate(bare_project: Project
 
 
 def test_up_converges_and_the_router_answers(stack: auto.Stack, sim: SimCluster) -> None:
-    # The shared stack's fixture ran the first `up` (engine.shared_minilb): what it converged.
-    # The runbook's order (router last up, first down) is MiniLB's (engine.with_minilb).
+    # The module's stack fixture ran the first `up`: what it converged. The runbook's order
+    # (router last up, first down) is MiniLB's (engine.with_minilb).
     outputs = {key: value.value for key, value in stack.outputs().items()}
-    assert outputs["routerUrl"] == "http://10.231.60.5:31000"
-    assert outputs["generateUrl"] == "http://10.231.60.5:31000/generate"
+    assert outputs["routerUrl"] == SMALL_ROUTER
+    assert outputs["generateUrl"] == SMALL_ROUTER + "/generate"
     assert outputs["smokeTest"].strip(), "the router returned no text"
-    assert outputs["groups"]["decode"]["nodes"] == NODES[4:]
-    assert outputs["mooncakeMaster"] == "10.231.60.1:50051"
-    assert outputs["containers"]["decode-r2"] == {
-        "node": "10.231.60.7", "container": "kimipd-decode-r2",
-        "healthUrl": "http://10.231.60.7:30000/health"}
-    for node in NODES:
+    assert outputs["groups"]["decode"]["nodes"] == DECODE_NODES
+    assert outputs["mooncakeMaster"] == f"{PREFILL_NODES[0]}:50051"
+    assert outputs["containers"]["decode-r1"] == {
+        "node": DECODE_NODES[1], "container": "kimipd-decode-r1",
+        "healthUrl": f"http://{DECODE_NODES[1]}:30000/health"}
+    for node in SMALL_NODES:
         assert outputs["nodes"][node]["imageDigest"].startswith("10.231.60.254:5000/kimipd/sim-node@sha256:")
-    config = stack_values("sim")
+    config = small_values(sim)
     assert outputs["nodeFiles"] == {f["destination"]: f["sha256"] for f in config["nodeFiles"]}
     running = container_ids(sim)
-    assert len(running) == 10 and all(v.endswith("running") for v in running.values()), running
+    # 4 ranks, the Mooncake master and MiniLB
+    assert len(running) == 6 and all(v.endswith("running") for v in running.values()), running
 
 def test_the_ssh_key_is_stored_encrypted(project: Project) -> None:
     # The state file itself: `export_stack()` would show secrets decrypted.
@@ -113,13 +118,13 @@ def test_second_up_changes_nothing(stack: auto.Stack) -> None:
 def test_decode_only_change_replaces_only_decode(stack: auto.Stack, project: Project,
                                                  sim: SimCluster) -> None:
     before = container_ids(sim)
-    groups = copy.deepcopy(stack_values("sim")["groups"])
+    groups = copy.deepcopy(small_values(sim)["groups"])
     groups["decode"]["extraArgs"] = ["--mem-fraction-static", "0.80", "--max-running-requests", "32"]
     project.update_stack(STACK, {"groups": groups})
     preview = Events()
     stack.preview(on_event=preview)
     assert preview.changed() == set(DECODE_RANKS) | {
-        f"decode-r{r}-health" for r in range(4)} | {"smoke-test-generate"}, preview.changed()
+        f"decode-r{r}-health" for r in range(2)} | {"smoke-test-generate"}, preview.changed()
     stack.up()
     after = container_ids(sim)
     for name in before:
@@ -139,7 +144,7 @@ def wait_until_exited(sim: SimCluster, name: str, seconds: int = 90) -> None:
 
 def test_drift_a_removed_rank_brings_its_whole_group_back(stack: auto.Stack, sim: SimCluster) -> None:
     before = container_ids(sim)
-    sim.docker("10.231.60.7", "rm", "-f", "kimipd-decode-r2")
+    sim.docker(DECODE_NODES[1], "rm", "-f", "kimipd-decode-r1")
     # The group dies with it: rank 0's watchdog, then the other ranks (as with NCCL).
     wait_until_exited(sim, "kimipd-decode-r0")
     refresh = stack.refresh()
@@ -155,8 +160,9 @@ def test_drift_a_removed_rank_brings_its_whole_group_back(stack: auto.Stack, sim
             assert after[name] != before[name], f"{name} was not restarted with its group"
         else:
             assert after[name] == before[name], f"{name} changed although its group is healthy"
-    assert {f"decode-r{r}-health" for r in range(4)} | {"smoke-test-generate"} <= events.changed()
-    health = sim.ssh("10.231.60.5", "curl -s -o /dev/null -w '%{http_code}' http://10.231.60.5:30000/health")
+    assert {f"decode-r{r}-health" for r in range(2)} | {"smoke-test-generate"} <= events.changed()
+    health = sim.ssh(DECODE_NODES[0], "curl -s -o /dev/null -w '%{http_code}' "
+                                      f"http://{DECODE_NODES[0]}:30000/health")
     assert health.stdout == "200"
 
 
@@ -165,7 +171,7 @@ def test_a_stopped_container_is_replaced_and_gated_not_restarted_in_place(
     """`docker stop` (not rm): refresh records `mustRun` drift; up must replace it (a new id), run
     its gate and the smoke test again, not start the old container and call that converged."""
     before = container_ids(sim)
-    sim.docker("10.231.60.5", "stop", "kimipd-router")
+    sim.docker(ROUTER_NODE, "stop", "kimipd-router")
     refresh = stack.refresh()
     assert refresh.summary.resource_changes.get("update", 0) >= 1, refresh.summary.resource_changes
     events = Events()
@@ -184,10 +190,10 @@ def test_serving_false_removes_containers_and_true_restores_them(
     result = stack.up()
     assert "smokeTest" not in result.outputs
     assert container_ids(sim) == {}
-    for node in NODES:
+    for node in SMALL_NODES:
         assert sim.docker(node, "image", "inspect", sim.image).returncode == 0, node
         assert sim.ssh(node, "test -f /opt/kimipd/launch.sh").returncode == 0, node
     project.update_stack(STACK, {"serving": True})
     result = stack.up()
     assert result.outputs["smokeTest"].value.strip()
-    assert len(container_ids(sim)) == 10
+    assert len(container_ids(sim)) == 6

@@ -1,8 +1,8 @@
 """Past 1P1D, through the real engine on the sim: a running 1P1D stack becomes 2P2D (stack file
 Pulumi.sim-2p2d.yaml) in one `up`, every group serves through the real router, a real Prometheus
 scrapes every target the stack lists, one decode group restarts alone under load, and the
-2P2D stack is destroyed in the runbook's reverse order. Tests run in file order on the shared
-MiniLB stack (engine.shared_minilb) as test_up.py leaves it: 1P1D, converged."""
+2P2D stack is destroyed in the runbook's reverse order. Tests run in file order on the MiniLB
+stack the engine.shared_minilb fixture brings up: stack `sim` as shipped, 1P1D, converged."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from tests.conftest import REPO
-from tests.run_times import BUDGET_SECONDS, module_times, report
+from tests.run_times import BUDGET_SECONDS, main, module_times, report
 
 TIMES = {"tests/integration/test_door.py": 400.0, "tests/integration/test_up.py": 100.0,
          "tests/integration/test_faults.py": 250.0, "sim/standin/tests/test_pacing.py": 20.0}
@@ -19,7 +19,7 @@ def test_within_the_budget_every_module_is_listed_slowest_first_and_nothing_is_w
     assert [line.split()[-1] for line in lines[:4]] == [
         "tests/integration/test_door.py", "tests/integration/test_faults.py",
         "tests/integration/test_up.py", "sim/standin/tests/test_pacing.py"]
-    assert "770.0 s  the engine modules in all" in [line.strip() for line in lines]
+    assert "770.0 s  the engine modules in all (both sessions)" in [line.strip() for line in lines]
     assert warnings == []
 
 
@@ -50,3 +50,13 @@ def test_the_command_warns_on_both_streams_and_exits_zero(tmp_path: Path) -> Non
     assert "wall time per engine module" in result.stdout
     assert "WARNING: the run took 3000 s" in result.stdout
     assert "WARNING: the run took 3000 s" in result.stderr
+
+
+def test_both_engine_sessions_files_are_read_together(tmp_path, capsys) -> None:
+    big, small = tmp_path / "big.json", tmp_path / "small.json"
+    big.write_text(json.dumps({"tests/integration/test_door.py": 400.0}))
+    small.write_text(json.dumps({"tests/integration/test_faults.py": 250.0}))
+    assert main([str(big), str(small), str(tmp_path / "absent.json"), "1200"]) == 0
+    out = capsys.readouterr().out
+    assert "test_door.py" in out and "test_faults.py" in out
+    assert "650.0 s  the engine modules in all (both sessions)" in out
