@@ -272,9 +272,14 @@ def inspect_node(transport: Transport, node: str, names: list[str],
     except RemoteError as error:
         return {name: Docker("unknown", error=str(error)) for name in names}
     try:
-        found = json.loads(result.out or "[]")
+        # `docker inspect` always prints a JSON array, `[]` when it found none of them.
+        found = json.loads(result.out)
     except json.JSONDecodeError:
-        found = []
+        # An answer cut short (an SSH channel closed under load) says nothing of the containers:
+        # read as "absent", a hung unit's heal once replaced nothing for containers that ran.
+        return {name: Docker("unknown", error="docker inspect gave no JSON: "
+                             + (result.err.strip() or result.out.strip() or "no output")[:200])
+                for name in names}
     by_name = {item.get("Name", "").lstrip("/"): item for item in found}
     answers = {}
     for name in names:

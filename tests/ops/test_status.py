@@ -260,6 +260,16 @@ def test_a_busy_docker_engine_is_asked_again_not_called_lost(cluster: LoopbackCl
     assert (report.exit_code, report.verdict, report.lost) == (OK, "serving", [])
 
 
+def test_a_docker_answer_cut_short_is_unknown_not_absent(cluster: LoopbackCluster) -> None:
+    # Exit 0 and no JSON (an SSH channel closed under load): nothing is known of the node's
+    # containers; read as "absent", reconcile once healed running containers with a no-op.
+    nodes = LocalNodes(cluster.containers(), cut_answers={"127.0.0.4"})
+    report = status(cluster, nodes, timeout=1.0)
+    on_node = [row for row in report.rows if row.ref.node == "127.0.0.4"]
+    assert on_node and all(row.docker.state == "unknown" for row in on_node), on_node
+    assert all("gave no JSON" in row.docker.error for row in on_node), on_node
+
+
 def test_a_node_whose_firewall_table_is_gone_is_degraded_and_says_how_to_put_it_back(
         cluster: LoopbackCluster) -> None:
     outputs = cluster.outputs() | {"firewall": {"enabled": True, "table": "inet kimipd_31000"}}
