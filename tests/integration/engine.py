@@ -107,10 +107,10 @@ def small_values(sim: SimCluster, **changes) -> dict:
         values["groups"][group] = values["groups"][group] | {
             "nodes": nodes, "tpSize": 16, "epSize": 16}
     values["router"] = values["router"] | {"node": SMALL_NODES[2]}
-    # A gate whose group cannot come up (a rank's node unreachable, its create cancelled by an
-    # interrupted `up`) waits this long before the `up` fails or ends: the sim's loads take
-    # seconds, and 300 s of waiting cost test_faults ten minutes in one run.
-    values["gates"] = values["gates"] | {"timeoutSeconds": 90}
+    # A gate whose group cannot come up (a rank's node unreachable, an `up` interrupted while
+    # it waits) waits this long before the `up` fails or ends: the sim's loads take seconds
+    # (test_start_order's longest, 26 s), and 300 s of waiting cost test_faults ten minutes.
+    values["gates"] = values["gates"] | {"timeoutSeconds": 60}
     values.update(changes)
     return values
 

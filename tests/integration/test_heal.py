@@ -239,30 +239,41 @@ def heal_under_load(sim: SimCluster, log: Path, group: str,
     return HealUnderLoad(results, times, broken_at, back_at)
 
 
-@pytest.mark.parametrize("rank", [0, 1])
+@pytest.mark.parametrize(("how", "rank"), [("pause", 0), ("pause", 1), ("sigstop", 0)])
 def test_watch_replaces_a_group_with_a_paused_rank_under_load(
-        stack: auto.Stack, sim: SimCluster, service: dict, rank: int) -> None:
-    """`docker pause` of one rank of decode-b: its processes frozen, every container running.
-    The group hangs (the stand-in stalls as SGLang's collectives do: rank 0's /health goes
-    unanswered or 503), refresh sees no drift, and reconcile replaces exactly decode-b's
-    containers by name (`up --replace`), with no person."""
+        stack: auto.Stack, sim: SimCluster, service: dict, how: str, rank: int) -> None:
+    """One rank of decode-b frozen: `docker pause` (docker says paused), or SIGSTOP of the
+    server's process itself (docker says running: what a rank stuck in a collective looks like
+    from outside). The group hangs (the stand-in stalls as SGLang's collectives do: rank 0's
+    /health goes unanswered or 503), refresh sees no drift, and reconcile replaces exactly
+    decode-b's containers by name (`up --replace`), with no person."""
     log = service["log.jsonl"]
     wait_until(lambda: [d for d in decisions(log) if d.get("decision") == "healthy"], 120,
                "a first healthy pass")
     before = container_ids(sim)
     node, container = DECODE["decode-b"][rank], f"kimipd-decode-b-r{rank}"
 
-    def pause() -> float:
-        paused = sim.docker(node, "pause", container)
-        assert paused.returncode == 0, paused.stderr
+    def freeze() -> float:
+        if how == "pause":
+            paused = sim.docker(node, "pause", container)
+            assert paused.returncode == 0, paused.stderr
+        else:
+            # The server is the container's PID 1 (launch.sh execs it); the nodes' engines run
+            # in this machine's PID namespace, so docker's Pid is this machine's. SIGKILL from
+            # the heal's `docker rm -f` ends a stopped process as any other.
+            pid = sim.docker(node, "inspect", "--format", "{{.State.Pid}}", container)
+            assert pid.returncode == 0 and int(pid.stdout) > 0, pid.stderr
+            os.kill(int(pid.stdout), signal.SIGSTOP)
+            state = sim.docker(node, "inspect", "--format", "{{.State.Status}}", container)
+            assert state.stdout.strip() == "running", state.stdout
         return time.monotonic()
 
-    run = heal_under_load(sim, log, "decode-b", pause)
+    run = heal_under_load(sim, log, "decode-b", freeze)
     lines = decisions(log)
     healed = [d for d in lines if d.get("decision") == "healed"]
     failed = run.failed_since_broken()
     back = run.back_at - run.broken_at
-    print(f"paused decode-b rank {rank}: serving whole again after {back:.1f}s; "
+    print(f"{how} of decode-b rank {rank}: serving whole again after {back:.1f}s; "
           f"{len(run.results)} requests, {len(failed)} failed {failed}; "
           f"heal {healed[0]['seconds'] if healed else '-'}s, replaced "
           f"{healed[0].get('replace') if healed else '-'}")
