@@ -42,6 +42,8 @@ class Change:
     container: str | None
     inputs: list[InputChange]
     dependencies: list[str] = field(default_factory=list)
+    group: str = ""  # a rank's group (its kimipd.group label); "" for anything else
+    mode: str = ""  # a rank's --disaggregation-mode
 
     @property
     def is_container(self) -> bool:
@@ -170,6 +172,7 @@ def changes(preview: dict[str, Any]) -> list[Change]:
         inputs = new.get("inputs") or {} if op != "delete" else {}
         before = old.get("inputs") or {} if op != "create" else {}
         labels = _labels((inputs or before).get("labels"))
+        flags = argv_flags((inputs or before).get("command") or [])
         name = _short(step["urn"])
         found.append(Change(
             op={"create-replacement": "replace", "delete-replaced": "replace"}.get(op, op),
@@ -179,6 +182,8 @@ def changes(preview: dict[str, Any]) -> list[Change]:
             inputs=(input_changes(state.get("type", ""), before, inputs)
                     if op in ("replace", "update") else []),
             dependencies=list(state.get("dependencies") or []),
+            group=labels.get("kimipd.group", ""),
+            mode=flags.get("--disaggregation-mode", "") if state.get("type") == CONTAINER else "",
         ))
     _place(found, deployed_roles(preview), preview)
     return found
@@ -241,3 +246,48 @@ def order(found: list[Change]) -> list[list[Change]]:
             buckets.setdefault(rank(change), []).append(change)
         waves += [buckets[i] for i in sorted(buckets)]
     return waves
+
+
+def _contract_inputs() -> set[tuple[str, str]]:
+    """(kind, name) of the inputs a prefill and a decode group must agree on: the KV contract's
+    flags (components/config/rules/kv_contract.py), the model, the transfer backend, the image
+    (SGLang's version and its transfer code)."""
+    from components.config.rules.kv_contract import CONTEXT_LENGTH, CONTRACT_FLAGS
+
+    flags = {"--" + dest.replace("_", "-") for dest in (*CONTRACT_FLAGS, CONTEXT_LENGTH)}
+    flags |= {"--model-path", "--served-model-name", "--disaggregation-transfer-backend"}
+    return {("flag", flag) for flag in flags} | {("input", "image")}
+
+
+@dataclass(frozen=True)
+class ContractChange:
+    """One input of the KV contract that replaced rank 0s change, and the groups it does: the
+    old and new values where every group has the same ones, else "(differs by node)" (a
+    prepared image's id, built on each node)."""
+
+    what: InputChange
+    groups: tuple[str, ...]
+    modes: tuple[str, ...]
+
+
+def contract_changes(found: list[Change]) -> list[ContractChange]:
+    """The KV contract's inputs that the preview changes on the groups' rank 0 containers (a
+    group's ranks share its command), each with the groups and modes it changes on."""
+    wanted = _contract_inputs()
+    by_input: dict[tuple[str, str], list[tuple[Change, InputChange]]] = {}
+    for change in found:
+        if not (change.is_container and change.group and change.mode
+                and change.op in ("replace", "update") and change.role.endswith("-r0")):
+            continue
+        for item in change.inputs:
+            if (item.kind, item.name) in wanted:
+                by_input.setdefault((item.kind, item.name), []).append((change, item))
+
+    def one(values: set[str | None]) -> str | None:
+        return values.pop() if len(values) == 1 else "(differs by node)"
+
+    return [ContractChange(InputChange(kind, name, one({item.old for _, item in seen}),
+                                       one({item.new for _, item in seen})),
+                           tuple(sorted({change.group for change, _ in seen})),
+                           tuple(sorted({change.mode for change, _ in seen})))
+            for (kind, name), seen in by_input.items()]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
-from .changes import CLUSTER, Change, InputChange, changes, order, stack_name
+from .changes import CLUSTER, Change, InputChange, changes, contract_changes, order, stack_name
 
 VERBS = {"create": "create", "replace": "replace", "update": "update in place", "delete": "delete"}
 SUMMARY_ORDER = ("create", "replace", "update", "delete", "same")
@@ -62,6 +62,33 @@ def summary_line(preview: dict[str, Any]) -> str:
     return ", ".join(parts) or "no changes"
 
 
+def _contract_section(found: list[Change]) -> list[str]:
+    """What a reviewer must know first: a change to what prefill and decode must agree on, and
+    what the rollout does with it today."""
+    changed = contract_changes(found)
+    if not changed:
+        return []
+    lines = ["#### The KV contract changes", "",
+             "Prefill and decode must agree on these (docs/decisions.md, the KV contract):", ""]
+    for item in changed:
+        lines.append(f"- {_label(item.what)}: {_code(item.what.old)} -> {_code(item.what.new)} "
+                     f"on {', '.join(f'`{group}`' for group in item.groups)}")
+    modes = {mode for item in changed for mode in item.modes}
+    lines.append("")
+    if modes >= {"prefill", "decode"}:
+        lines.append("**It rolls one group at a time and does not yet keep the two contracts "
+                     "apart:** while it rolls, the router may pair a prefill group of one "
+                     "contract with a decode group of the other, and those answers are wrong "
+                     "with status 200. Roll it when wrong answers are acceptable, or take the "
+                     "stack out of service first (`serving: false`).")
+    else:
+        lines.append(f"Only the {', '.join(sorted(modes))} groups change, and the preview "
+                     "checked that both modes still agree (a decode context length may exceed "
+                     "prefill's): it rolls as any change, one group at a time.")
+    lines.append("")
+    return lines
+
+
 def render(preview: dict[str, Any]) -> str:
     found = changes(preview)
     lines = [f"### `pulumi preview` of stack `{stack_name(preview)}`: {summary_line(preview)}", ""]
@@ -69,6 +96,7 @@ def render(preview: dict[str, Any]) -> str:
         lines.append("Nothing changes: every resource is as deployed.")
         return "\n".join(lines) + "\n"
 
+    lines += _contract_section(found)
     lines += ["| node | role | resource | change |", "| --- | --- | --- | --- |"]
     for change in sorted(found, key=lambda c: (_node_key(c.node), c.role, not c.is_container,
                                                c.name)):

@@ -217,6 +217,8 @@ def test_the_workflow_preview_step_posts_a_summary_of_a_decode_only_edit(cli: Cl
     assert "`kimipd-router-a`" not in summary and "`kimipd-router-b`" not in summary
     assert "`kimipd-door`" not in summary
     assert "command `router-every-group-healthy` | replace |" in summary
+    # A decode-only flag leaves the KV contract alone: no warning for the reviewer.
+    assert "KV contract" not in summary
     shutil.copy(checkout / "preview.json", cli.work / "decode.json")
 
 
@@ -270,6 +272,9 @@ def test_review_of_an_image_change(cli: Cli) -> None:
     markdown = render(preview)
     assert "| 10.231.60.5 | router-a | container `kimipd-router-a` | replace |" in markdown
     assert "| input `image` |" in markdown
+    # The image is SGLang's version and its transfer code: both modes' contract changes.
+    assert "#### The KV contract changes" in markdown
+    assert "- input `image`:" in markdown and "on `decode`, `prefill`" in markdown
 
 
 def test_review_of_serving_off(cli: Cli) -> None:

@@ -1,9 +1,12 @@
-"""The review renderer's pure parts: command lines to flags, inputs to changes. Its output on real
-previews of the sim stack is checked in test_readme_commands.py."""
+"""The review renderer's pure parts: command lines to flags, inputs to changes, a change to the KV
+contract named. Its output on real previews of the sim stack is checked in
+test_readme_commands.py."""
 
 from __future__ import annotations
 
-from review.changes import CONTAINER, UNKNOWN, InputChange, argv_flags, input_changes
+from review.changes import (
+    CONTAINER, UNKNOWN, InputChange, argv_flags, changes, contract_changes, input_changes)
+from review.markdown import render
 
 
 def test_flags_values_repeats_and_positionals() -> None:
@@ -32,3 +35,51 @@ def test_container_changes_name_flags_env_and_labels() -> None:
         InputChange("label", "kimipd.restart-generation", "0", "1"),
         InputChange("input", "image", "sha256:aaa", "(known after apply)"),
     ]
+
+
+def _rank0(group: str, mode: str, old_argv: list[str], new_argv: list[str],
+           old_image: str = "sha256:aaa", new_image: str = "sha256:aaa") -> dict:
+    """A preview step replacing GROUP's rank 0 from OLD_ARGV to NEW_ARGV."""
+    def state(argv: list[str], image: str) -> dict:
+        return {"type": CONTAINER, "custom": True, "inputs": {
+            "name": f"kimipd-{group}-r0", "image": image,
+            "command": ["python3", "-m", "sglang.launch_server", "--disaggregation-mode", mode,
+                        *argv],
+            "labels": [{"label": "kimipd.role", "value": f"{group}-r0"},
+                       {"label": "kimipd.group", "value": group}]}}
+    return {"op": "replace", "urn": f"urn:pulumi:s::kimipd::docker:index/container:Container::"
+                                    f"node-10-0-0-1-{mode}",
+            "oldState": state(old_argv, old_image), "newState": state(new_argv, new_image)}
+
+
+def test_a_checkpoint_change_on_both_modes_is_named_as_a_contract_change() -> None:
+    old, new = ["--model-path", "/m/K3"], ["--model-path", "/m/K3-0912"]
+    preview = {"steps": [_rank0("prefill-a", "prefill", old, new),
+                         _rank0("decode-a", "decode", old, new)]}
+    (changed,) = contract_changes(changes(preview))
+    assert changed.what == InputChange("flag", "--model-path", "/m/K3", "/m/K3-0912")
+    assert (changed.groups, changed.modes) == (("decode-a", "prefill-a"), ("decode", "prefill"))
+    markdown = render(preview)
+    assert "#### The KV contract changes" in markdown
+    assert "`/m/K3` -> `/m/K3-0912` on `decode-a`, `prefill-a`" in markdown
+    assert "does not yet keep the two contracts apart" in markdown
+
+
+def test_an_image_change_is_a_contract_change_and_a_decode_only_flag_is_not() -> None:
+    args = ["--max-running-requests", "64"]
+    preview = {"steps": [_rank0("prefill-a", "prefill", args, args, new_image=UNKNOWN),
+                         _rank0("decode-a", "decode", args, args, new_image=UNKNOWN)]}
+    (changed,) = contract_changes(changes(preview))
+    assert (changed.what.name, changed.what.new) == ("image", "(known after apply)")
+    decode_only = {"steps": [_rank0("decode-a", "decode", args,
+                                    ["--max-running-requests", "32"])]}
+    assert contract_changes(changes(decode_only)) == []
+    assert "KV contract" not in render(decode_only)
+
+
+def test_a_longer_decode_context_is_one_mode_and_rolls_as_any_change() -> None:
+    preview = {"steps": [_rank0("decode-a", "decode", ["--context-length", "8192"],
+                                ["--context-length", "16384"])]}
+    (changed,) = contract_changes(changes(preview))
+    assert changed.modes == ("decode",)
+    assert "Only the decode groups change" in render(preview)
