@@ -47,8 +47,8 @@ import urllib.request
 # No __pycache__ beside the scripts on the node.
 sys.dont_write_bytecode = True
 from router_api import (  # noqa: E402
-    Router, State, common_arguments, fail, log, rank0_answers, rank0_refuses, register,
-    register_missing, registered, routers_said, wait_idle, wait_until)
+    STUCK_SECONDS, Router, State, common_arguments, fail, log, rank0_answers, rank0_healthy,
+    rank0_refuses, register, register_missing, registered, routers_said, wait_idle, wait_until)
 
 
 def healthy_peers(workers: list[dict], mode: str, url: str) -> list[str]:
@@ -177,12 +177,18 @@ def drain(args, routers: list[Router], state: State) -> int:
         time.sleep(args.interval)
     # In-flight requests: the routers send nothing new, the worker finishes what it has.
     key = routers[0].key
+    # A hung group (its /health failing) finishes none of them: not waited for.
     wait_idle(lambda: running_requests(url, key), args.drain_timeout, min(args.interval, 1.0),
               lambda running: f"{group}: drained "
                               f"({'no requests running' if running == 0 else 'not answering'})",
               lambda running: f"{group}: {running} request(s) still running after "
                               f"{args.drain_timeout}s (router.drainTimeoutSeconds); replacing "
-                              "it anyway")
+                              "it anyway",
+              stuck=lambda: not rank0_healthy(url, key),
+              given_up=lambda running: f"{group}: {running} request(s) stuck: its rank 0's "
+                                       f"/health failed for {STUCK_SECONDS:.0f}s in a row (a hung "
+                                       "group finishes none); replacing it without waiting out "
+                                       "router.drainTimeoutSeconds")
     return 0
 
 

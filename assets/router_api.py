@@ -44,15 +44,33 @@ def wait_until(problem, timeout: float, interval: float, failure, say=None) -> f
         time.sleep(interval)
 
 
-def wait_idle(count, drain_timeout: float, interval: float, idle, still_open) -> None:
+# How long a draining worker's rank 0 must fail its /health before its open requests are given
+# up: SGLang's answers 503 only once its scheduler gave no output for SGLANG_HEALTH_CHECK_TIMEOUT
+# (20 s), so a failing /health is a hung group, whose open requests never finish.
+STUCK_SECONDS = 15.0
+
+
+def wait_idle(count, drain_timeout: float, interval: float, idle, still_open,
+              stuck=None, given_up=None, stuck_seconds: float = STUCK_SECONDS) -> None:
     """Poll COUNT() (open requests; 0 or None: none) until it is none, then log IDLE(count);
-    after DRAIN_TIMEOUT log STILL_OPEN(count) and return anyway (the replacement goes on)."""
+    after DRAIN_TIMEOUT log STILL_OPEN(count) and return anyway (the replacement goes on).
+    STUCK() (optional) says the worker cannot finish them (its /health fails): once it has said
+    so for STUCK_SECONDS in a row, log GIVEN_UP(count) and return without waiting longer."""
     deadline = time.monotonic() + drain_timeout
+    stuck_since = None
     while True:
         current = count()
         if not current:
             log(idle(current))
             return
+        if stuck is not None:
+            if stuck():
+                stuck_since = stuck_since or time.monotonic()
+                if time.monotonic() - stuck_since >= stuck_seconds:
+                    log(given_up(current))
+                    return
+            else:
+                stuck_since = None
         if time.monotonic() >= deadline:
             log(still_open(current))
             return
@@ -286,6 +304,17 @@ def rank0_answers(url: str) -> bool:
     except urllib.error.HTTPError:
         return True
     except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def rank0_healthy(url: str, key: str) -> bool:
+    """Whether the group's rank 0 answers /health with 200 (SGLang's runs a one-token generate)."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url.rstrip("/") + "/health",
+                                                           headers=headers), timeout=5):
+            return True
+    except (urllib.error.URLError, OSError, ValueError):  # HTTPError (503, 401) among them
         return False
 
 

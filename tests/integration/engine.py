@@ -94,13 +94,13 @@ def sim_values(sim: SimCluster, stack: str = "sim", door: bool = False, **change
 SMALL_ROUTER = f"http://{SMALL_NODES[2]}:31000"
 
 
-def small_values(sim: SimCluster, **changes) -> dict:
-    """Stack `sim` on the four small nodes: a prefill and a decode group of two nodes each (TP16;
-    every rank >= 1 a peer of rank 0, as on the big stacks), the Mooncake master on prefill's
-    first node and the router (its door and slots) on decode's first, as in stack `sim`. For
-    the tests of the program's behaviour that do not need eight nodes: they run beside those
-    that do (scripts/test); the shipped shapes keep their own tests (docs/tests.md)."""
-    values = sim_values(sim)
+def small_layout(values: dict) -> dict:
+    """VALUES (stack `sim`'s) moved to the four small nodes: a prefill and a decode group of two
+    nodes each (TP16; every rank >= 1 a peer of rank 0, as on the big stacks), the Mooncake
+    master on prefill's first node and the router (its door and slots) on decode's first, as in
+    stack `sim`. For the tests of the program's behaviour that do not need eight nodes: they run
+    beside those that do (scripts/test); the shipped shapes keep their own tests
+    (docs/tests.md)."""
     values["nodes"] = [{"address": node, "gpus": 8} for node in SMALL_NODES]
     values["mooncakeMaster"] = values["mooncakeMaster"] | {"node": SMALL_NODES[0]}
     for group, nodes in (("prefill", SMALL_NODES[:2]), ("decode", SMALL_NODES[2:])):
@@ -111,6 +111,12 @@ def small_values(sim: SimCluster, **changes) -> dict:
     # it waits) waits this long before the `up` fails or ends: the sim's loads take seconds
     # (test_start_order's longest, 26 s), and 300 s of waiting cost test_faults ten minutes.
     values["gates"] = values["gates"] | {"timeoutSeconds": 60}
+    return values
+
+
+def small_values(sim: SimCluster, **changes) -> dict:
+    """Stack `sim` on this sim, its images pinned, on the small nodes (`small_layout`)."""
+    values = small_layout(sim_values(sim))
     values.update(changes)
     return values
 

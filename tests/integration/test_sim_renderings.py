@@ -38,8 +38,8 @@ from components.render import (
     wait_healthy_command,
 )
 from tests.conftest import stack_values
-from tests.integration.engine import with_minilb
-from tests.integration.sim import SimCluster, start_sim, stop_sim
+from tests.integration.engine import small_layout, with_minilb
+from tests.integration.sim import SMALL_NODES, SimCluster, start_sim, stop_sim
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -137,17 +137,18 @@ class Deployment:
 
 @pytest.fixture(scope="module")
 def sim() -> Iterator[SimCluster]:
-    cluster = start_sim()
+    """The four small nodes (engine.small_layout): the module runs beside the 8-node ones."""
+    cluster = start_sim(SMALL_NODES)
     yield cluster
-    cluster.remove_kimipd_containers([f"10.231.60.{i}" for i in range(1, 9)])
+    cluster.remove_kimipd_containers(SMALL_NODES)
     stop_sim(cluster)
 
 
 def runbook_values() -> dict:
-    """Stack sim with the runbook's MiniLB: this module starts the containers by hand in the
-    runbook's order, router last; the rust router's key files and memberships are the program's
-    (test_security.py, test_rollout.py)."""
-    return with_minilb(copy.deepcopy(stack_values("sim")))
+    """Stack sim on the small nodes with the runbook's MiniLB: this module starts the containers
+    by hand in the runbook's order, router last; the rust router's key files and memberships are
+    the program's (test_security.py, test_rollout.py)."""
+    return with_minilb(small_layout(copy.deepcopy(stack_values("sim"))))
 
 
 def sim_config(sim: SimCluster, **changes) -> ClusterConfig:
@@ -195,10 +196,11 @@ def test_preflight_failure_names_node_and_check(sim: SimCluster) -> None:
     values = runbook_values()
     values["network"]["computeInterface"] = "bond7"
     config = load_cluster_config(values)
-    result = sim.ssh("10.231.60.3", preflight_command(
-        config, "10.231.60.3", (ASSETS_DIR / "preflight.sh").read_text()))
+    node = SMALL_NODES[1]
+    result = sim.ssh(node, preflight_command(
+        config, node, (ASSETS_DIR / "preflight.sh").read_text()))
     assert result.returncode == 1
-    assert "preflight failed on node 10.231.60.3: compute-interface: bond7 not found" in result.stderr
+    assert f"preflight failed on node {node}: compute-interface: bond7 not found" in result.stderr
 
 
 def test_every_gate_opens_in_order(deployed) -> None:
@@ -215,7 +217,7 @@ def test_smoke_test_answer_comes_from_decode_through_the_router(deployed) -> Non
     response = json.loads(smoke.stdout)
     assert smoke_test_text(smoke.stdout).strip()
     # The KV came from prefill rank 0's bootstrap server, which the router named.
-    assert response["meta_info"]["kv_transfer"]["bootstrap_host"] == "10.231.60.1"
+    assert response["meta_info"]["kv_transfer"]["bootstrap_host"] == SMALL_NODES[0]
 
 
 def test_each_rank_ran_its_rendered_command(deployed) -> None:
@@ -262,7 +264,7 @@ def test_mooncake_master_is_the_real_one_and_pid_1(deployed) -> None:
     pid1 = deployment.sim.docker(master.node, "exec", master.name, "ps", "-o", "args=", "-p", "1")
     assert pid1.stdout.strip().startswith(
         "/opt/venv/lib/python3.11/site-packages/mooncake/mooncake_master --rpc_port 50051 "
-        "--rpc_address 10.231.60.1"), pid1.stdout + pid1.stderr
+        f"--rpc_address {SMALL_NODES[0]}"), pid1.stdout + pid1.stderr
     logs = deployment.logs(master)
     assert "launch.sh: installing" not in logs  # the prepared image has it already
 
@@ -319,7 +321,7 @@ def test_the_prepared_image_refuses_the_images_old_mooncake_before_anything_star
     values["nodeFiles"] = [f for f in values["nodeFiles"] if "mooncake" not in f["destination"]]
     values["imageMooncakeVersion"] = "0.3.12.post1"
     deployment = Deployment(sim, load_cluster_config(values))
-    node = "10.231.60.6"
+    node = SMALL_NODES[3]
     deployment.prepare_nodes([node], check_build=False)
     build = deployment.builds[node]
     assert build.returncode == 1
@@ -331,20 +333,21 @@ def test_the_prepared_image_refuses_the_images_old_mooncake_before_anything_star
 
 
 def test_a_prefill_rank_dying_while_loading_fails_its_gate_with_its_log(sim: SimCluster) -> None:
-    """Rank 2, not rank 0: its own check names its node and container."""
+    """Rank 1, not rank 0: its own check names its node and container."""
     values = runbook_values()
     values["image"] = sim.image
-    values["groups"]["prefill"]["env"] = {"SGLANG_STANDIN_EXIT_WHILE_LOADING": "2"}
+    values["groups"]["prefill"]["env"] = {"SGLANG_STANDIN_EXIT_WHILE_LOADING": "1"}
     values["gates"] = {"timeoutSeconds": 60, "intervalSeconds": 1}
     deployment = Deployment(sim, load_cluster_config(values))
     sim.remove_kimipd_containers(deployment.nodes)
     try:
         deployment.prepare_nodes()
         prefill = deployment.start_group("prefill")
-        gate = deployment.gate(prefill[2])
+        gate = deployment.gate(prefill[1])
+        node = SMALL_NODES[1]
         assert gate.returncode == 1
-        assert "kimipd-prefill-r2 on 10.231.60.3: not running: exited (exit code 1)" in gate.stderr
-        assert "last 100 lines of kimipd-prefill-r2 on 10.231.60.3:" in gate.stderr
+        assert f"kimipd-prefill-r1 on {node}: not running: exited (exit code 1)" in gate.stderr
+        assert f"last 100 lines of kimipd-prefill-r1 on {node}:" in gate.stderr
         assert "CUDA out of memory" in gate.stderr
     finally:
         sim.remove_kimipd_containers(deployment.nodes)
