@@ -15,6 +15,7 @@ import json
 import re
 import subprocess
 import tarfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -202,6 +203,12 @@ def test_a_killed_decode_rank_takes_its_group_down(stack: auto.Stack, project: P
     tests, sim/standin/tests/test_standin.py.)"""
     killed = sim.docker(DECODE_NODES[1], "kill", "kimipd-decode-r1")
     assert killed.returncode == 0, killed.stderr
+    # Rank 0's watchdog ends it once it lost a rank (on the 8-node stack this waited for ranks
+    # 1 and 3, which exit with rank 0); status is read once the group has broken whole.
+    deadline = time.monotonic() + 120
+    while not container_ids(sim).get("kimipd-decode-r0", "").endswith("exited"):
+        assert time.monotonic() < deadline, f"decode's rank 0 still runs: {container_ids(sim)}"
+        time.sleep(1)
     table = kimipd(project, "status")
     assert table.returncode == 2, table.stdout + table.stderr
     result = kimipd(project, "status", "--json")
