@@ -15,7 +15,6 @@ import json
 import re
 import subprocess
 import tarfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from ops.stack import Access
 from sim.automation import Project
 from tests.integration import engine
 from tests.integration.sim import SIM, SMALL_NODES, SimCluster
+from tests.ops.loopback import wait_until
 # The engine tests' fixtures and helpers (the sim, a project on a file backend, a stack on it).
 from tests.integration.engine import (  # noqa: F401 - fixtures
     SMALL_ROUTER, container_ids, env, new_stack, project, small_sim, small_values)
@@ -205,10 +205,8 @@ def test_a_killed_decode_rank_takes_its_group_down(stack: auto.Stack, project: P
     assert killed.returncode == 0, killed.stderr
     # Rank 0's watchdog ends it once it lost a rank (on the 8-node stack this waited for ranks
     # 1 and 3, which exit with rank 0); status is read once the group has broken whole.
-    deadline = time.monotonic() + 120
-    while not container_ids(sim).get("kimipd-decode-r0", "").endswith("exited"):
-        assert time.monotonic() < deadline, f"decode's rank 0 still runs: {container_ids(sim)}"
-        time.sleep(1)
+    wait_until(lambda: container_ids(sim).get("kimipd-decode-r0", "").endswith("exited"), 120,
+               "decode's rank 0 exited")
     table = kimipd(project, "status")
     assert table.returncode == 2, table.stdout + table.stderr
     result = kimipd(project, "status", "--json")
