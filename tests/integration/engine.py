@@ -121,6 +121,24 @@ def small_values(sim: SimCluster, **changes) -> dict:
     return values
 
 
+def small_2p2d_values(sim: SimCluster) -> dict:
+    """Pulumi.sim-2p2d.yaml moved to the four small nodes: four groups of one node each (TP8),
+    the Mooncake master on prefill-a's node, the router, its door and both slots on decode-a's
+    node (the door on two nodes and its virtual IP are the shared 2P2D stack's: test_door.py).
+    For the modules that regroup a small stack to xPyD (test_xpyd.py, test_observability.py)."""
+    values = sim_values(sim, "sim-2p2d")
+    values["nodes"] = [{"address": node, "gpus": 8} for node in SMALL_NODES]
+    values["mooncakeMaster"] = values["mooncakeMaster"] | {"node": SMALL_NODES[0]}
+    for name, node in zip(("prefill-a", "prefill-b", "decode-a", "decode-b"), SMALL_NODES):
+        values["groups"][name] = values["groups"][name] | {
+            "nodes": [node], "tpSize": 8, "epSize": 8}
+    door = {key: value for key, value in values["router"]["door"].items()
+            if key not in ("nodes", "virtualIp")}
+    values["router"] = values["router"] | {"node": SMALL_NODES[2], "door": door}
+    values["gates"] = values["gates"] | {"timeoutSeconds": 60}
+    return values
+
+
 def with_minilb(values: dict) -> dict:
     """VALUES with the runbook's MiniLB (a fixed worker list, started once every group is ready,
     no key): for the tests of that start and stop order. The stack files run the keyed rust
@@ -145,10 +163,6 @@ def new_stack(project: Project, sim: SimCluster, name: str, values: dict) -> aut
 # stack takes it as the previous module left it and says so.
 SHARED_2P2D = "sim-2p2d"
 SHARED_2P2D_MODULES = ("test_rollout.py", "test_heal.py", "test_door.py")
-# Stack `sim` with the runbook's MiniLB, whose router starts last and goes first: test_xpyd.py
-# moves it to 2P2D and destroys it (test_up.py, which shared it, runs on a small stack now).
-SHARED_MINILB = "sim-minilb"
-SHARED_MINILB_MODULES = ("test_xpyd.py",)
 
 
 def shared_2p2d_values(sim: SimCluster) -> dict:
@@ -163,10 +177,6 @@ def shared_2p2d_values(sim: SimCluster) -> dict:
     return values
 
 
-def shared_minilb_values(sim: SimCluster) -> dict:
-    return with_minilb(sim_values(sim))
-
-
 @dataclass(frozen=True)
 class SharedKind:
     fixture: str  # the fixture a module's tests (or its `stack` fixture) ask for
@@ -177,7 +187,6 @@ class SharedKind:
 
 SHARED_KINDS = (
     SharedKind("shared_2p2d", SHARED_2P2D, SHARED_2P2D_MODULES, shared_2p2d_values),
-    SharedKind("shared_minilb", SHARED_MINILB, SHARED_MINILB_MODULES, shared_minilb_values),
 )
 
 
@@ -226,13 +235,8 @@ def shared_2p2d(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[Sh
     yield from _shared_stack(SHARED_KINDS[0], request, tmp_path_factory)
 
 
-@pytest.fixture(scope="module")
-def shared_minilb(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[SharedStack]:
-    yield from _shared_stack(SHARED_KINDS[1], request, tmp_path_factory)
-
-
 # A module on the shared 2P2D stack imports these three: its tests then take `stack`, `project`
-# and `sim` as a module of its own stack's would (the MiniLB stack's modules: the three below).
+# and `sim` as a module of its own stack's would.
 @pytest.fixture(scope="module", name="stack")
 def shared_2p2d_stack(shared_2p2d: SharedStack) -> auto.Stack:
     return shared_2p2d.stack
@@ -246,21 +250,6 @@ def shared_2p2d_project(shared_2p2d: SharedStack) -> Project:
 @pytest.fixture(scope="module", name="sim")
 def shared_2p2d_sim(shared_2p2d: SharedStack) -> SimCluster:
     return shared_2p2d.sim
-
-
-@pytest.fixture(scope="module", name="stack")
-def shared_minilb_stack(shared_minilb: SharedStack) -> auto.Stack:
-    return shared_minilb.stack
-
-
-@pytest.fixture(scope="module", name="project")
-def shared_minilb_project(shared_minilb: SharedStack) -> Project:
-    return shared_minilb.project
-
-
-@pytest.fixture(scope="module", name="sim")
-def shared_minilb_sim(shared_minilb: SharedStack) -> SimCluster:
-    return shared_minilb.sim
 
 
 class Events:

@@ -32,11 +32,12 @@ from ops.node_out import resources_on, state_resources
 from sim.automation import Project
 from tests.conftest import REPO
 from tests.integration.engine import (  # noqa: F401 - fixtures
-    AUTHORIZED, CONTAINER, SHARED_2P2D, Events, StreamingLoad, container_ids, kimipd,
-    settled_status, shared_2p2d, shared_2p2d_project, shared_2p2d_sim, shared_2p2d_stack,
-    status_problems)
+    AUTHORIZED, CONTAINER, NODES, ROUTER_API_KEY, SHARED_2P2D, Events, StreamingLoad,
+    container_ids, kimipd, settled_status, shared_2p2d, shared_2p2d_project, shared_2p2d_sim,
+    shared_2p2d_stack, status_problems)
 from tests.integration.sim import SimCluster
-from tests.integration.stranger import STRANGER_NS, stranger_namespace
+from tests.integration.stranger import (
+    STRANGER, assert_only_ssh_and_the_door, probe_every_port, stranger_namespace)
 
 STACK = SHARED_2P2D
 ROUTER_NODE = "10.231.60.5"
@@ -136,6 +137,24 @@ def test_the_door_serves_through_both_slots_and_status_shows_them(
     status = kimipd(project, STACK, "status")
     assert status.returncode == 0, status.stdout
     assert "serving slots: a, b" in status.stdout, status.stdout
+
+
+def test_a_stranger_reaches_only_ssh_and_the_door_on_both_door_nodes(
+        sim: SimCluster, project: Project) -> None:
+    """test_security.py's probe, on the door's two nodes: either answers on router.port (the
+    virtual IP lands on both), only with the key; every node's table lists every member; the
+    key is not in the backend's files as they are on disk (the Automation API's export shows
+    secrets decrypted)."""
+    with stranger_namespace(STRANGER):
+        results = probe_every_port(STRANGER, NODES, ROUTER_API_KEY,
+                                   "stack sim-2p2d (2P2D, the door on two nodes, firewall)")
+    assert_only_ssh_and_the_door(results, NODES, DOOR_NODES, 31000)
+    table = sim.ssh("10.231.60.8", "nft list table inet kimipd_31000").stdout
+    assert all(node in table for node in NODES), table
+    state_files = [path for path in project.state.rglob("*") if path.is_file()]
+    assert state_files
+    for path in state_files:
+        assert ROUTER_API_KEY.encode() not in path.read_bytes(), path
 
 
 def test_a_router_only_change_rolls_the_slots_one_at_a_time_and_fails_nothing(
@@ -514,7 +533,7 @@ def test_a_strangers_vrrp_adverts_do_not_move_the_address(
                    for destination in DOOR_NODES]
         with StreamingLoad(url=VIRTUAL_IP_URL) as load:
             sender = subprocess.Popen(
-                ["nsenter", f"--net=/var/run/netns/{STRANGER_NS}", sys.executable, "-c",
+                ["nsenter", f"--net=/var/run/netns/{STRANGER.namespace}", sys.executable, "-c",
                  ADVERTISE, "8"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             assert sender.stdin is not None
             sender.stdin.write(json.dumps(adverts))

@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,10 +69,12 @@ def healthy_workers() -> set[str]:
     return {w["url"] for w in listing.get("workers", []) if w.get("is_healthy")}
 
 
-def decisions(log: Path) -> list[dict]:
+def decisions(log: Path, since: int = 0) -> list[dict]:
+    """LOG's lines from the SINCE-th on (a count of lines taken before)."""
     if not log.exists():
         return []
-    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    lines = [line for line in log.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in lines[since:]]
 
 
 def reconcile_once(project: Project, tmp_path: Path, *args: str) -> tuple[int, dict]:
@@ -153,18 +156,19 @@ def test_a_dry_run_and_a_recent_update_change_nothing_then_one_pass_heals(
         (0, "serving", 200), (report["generate"], status_problems(report))
 
 
-@pytest.fixture
-def service(project: Project, tmp_path: Path) -> Iterator[dict]:
+@contextmanager
+def reconcile_service(project: Project, directory: Path, max_heals: int) -> Iterator[dict]:
     """reconcile --watch started from the unit's ExecStart and an environment file written as
-    docs/healing.md says (mode 0600), with the environment systemd gives a root service."""
-    files = {name: tmp_path / name for name in ("log.jsonl", "state.json", "reconcile.prom")}
-    env_file = tmp_path / f"reconcile-{STACK}.env"
+    docs/healing.md says (mode 0600), with the environment systemd gives a root service; files
+    in DIRECTORY, at most MAX_HEALS heals of a unit an hour."""
+    files = {name: directory / name for name in ("log.jsonl", "state.json", "reconcile.prom")}
+    env_file = directory / f"reconcile-{STACK}.env"
     env_file.write_text(
         f"PULUMI_BACKEND_URL={project.env['PULUMI_BACKEND_URL']}\n"
         f"PULUMI_CONFIG_PASSPHRASE={PASSPHRASE}\n"
         f"KIMIPD_PULUMI_ENV={os.environ.get('KIMIPD_PULUMI_ENV', '')}\n"
         f"KIMIPD_RECONCILE_ARGS=--cwd {project.directory} --interval 2 --grace-seconds 4 "
-        f"--max-heals-per-hour 1 --human-window-minutes 0 --log {files['log.jsonl']} "
+        f"--max-heals-per-hour {max_heals} --human-window-minutes 0 --log {files['log.jsonl']} "
         f"--state-file {files['state.json']} --metrics-file {files['reconcile.prom']}\n")
     env_file.chmod(0o600)
     environment = environment_file(env_file.read_text())
@@ -189,6 +193,23 @@ def service(project: Project, tmp_path: Path) -> Iterator[dict]:
         print(process.stdout.read() if process.stdout else "")
 
 
+@pytest.fixture
+def service(project: Project, tmp_path: Path) -> Iterator[dict]:
+    """A service of the test's own, whose limit is one heal of a unit an hour."""
+    with reconcile_service(project, tmp_path, max_heals=1) as files:
+        yield files
+
+
+@pytest.fixture(scope="class")
+def frozen_service(project: Project, tmp_path_factory) -> Iterator[dict]:
+    """One service for the frozen-rank tests, which heal decode-b once each: starting one (its
+    first pass refreshes the 8-node stack) cost each of them half a minute. Each test reads the
+    decisions logged after it started (`decisions(log, since)`)."""
+    with reconcile_service(project, tmp_path_factory.mktemp("frozen-heals"),
+                           max_heals=3) as files:
+        yield files
+
+
 @dataclass
 class HealUnderLoad:
     """A sequential client's answers (RESULTS, with when each was sent and answered: TIMES)
@@ -207,9 +228,10 @@ class HealUnderLoad:
 
 
 def heal_under_load(sim: SimCluster, log: Path, group: str,
-                    fault: Callable[[], float]) -> HealUnderLoad:
+                    fault: Callable[[], float], since: int = 0) -> HealUnderLoad:
     """Load through the door, FAULT (which returns when it struck) 3 s in, then until GROUP's
-    containers are all new, running and healthy in the router, and reconcile logged `healed`."""
+    containers are all new, running and healthy in the router, and reconcile logged `healed`
+    (after LOG's first SINCE lines)."""
     before = container_ids(sim)
     url = f"http://{DECODE[group][0]}:30000"
     stop, results, times = threading.Event(), [], []
@@ -230,8 +252,8 @@ def heal_under_load(sim: SimCluster, log: Path, group: str,
         wait_until(serving_again, 600, f"{group} replaced and healthy in the router")
         back_at = time.monotonic()
         # The up goes on after the admission (the smoke test): its decision comes after.
-        wait_until(lambda: [d for d in decisions(log) if d.get("decision") == "healed"], 120,
-                   "reconcile's healed decision")
+        wait_until(lambda: [d for d in decisions(log, since) if d.get("decision") == "healed"],
+                   120, "reconcile's healed decision")
         time.sleep(3)
     finally:
         stop.set()
@@ -239,60 +261,67 @@ def heal_under_load(sim: SimCluster, log: Path, group: str,
     return HealUnderLoad(results, times, broken_at, back_at)
 
 
-@pytest.mark.parametrize(("how", "rank"), [("pause", 0), ("pause", 1), ("sigstop", 0)])
-def test_watch_replaces_a_group_with_a_paused_rank_under_load(
-        stack: auto.Stack, sim: SimCluster, service: dict, how: str, rank: int) -> None:
-    """One rank of decode-b frozen: `docker pause` (docker says paused), or SIGSTOP of the
-    server's process itself (docker says running: what a rank stuck in a collective looks like
-    from outside). The group hangs (the stand-in stalls as SGLang's collectives do: rank 0's
-    /health goes unanswered or 503), refresh sees no drift, and reconcile replaces exactly
-    decode-b's containers by name (`up --replace`), with no person."""
-    log = service["log.jsonl"]
-    wait_until(lambda: [d for d in decisions(log) if d.get("decision") == "healthy"], 120,
-               "a first healthy pass")
-    before = container_ids(sim)
-    node, container = DECODE["decode-b"][rank], f"kimipd-decode-b-r{rank}"
+class TestFrozenRank:
+    """The frozen-rank heals, on one reconcile service (`frozen_service`, stopped after the
+    class: the next test starts a service of its own)."""
 
-    def freeze() -> float:
-        if how == "pause":
-            paused = sim.docker(node, "pause", container)
-            assert paused.returncode == 0, paused.stderr
-        else:
-            # The server is the container's PID 1 (launch.sh execs it); the nodes' engines run
-            # in this machine's PID namespace, so docker's Pid is this machine's. SIGKILL from
-            # the heal's `docker rm -f` ends a stopped process as any other.
-            pid = sim.docker(node, "inspect", "--format", "{{.State.Pid}}", container)
-            assert pid.returncode == 0 and int(pid.stdout) > 0, pid.stderr
-            os.kill(int(pid.stdout), signal.SIGSTOP)
-            state = sim.docker(node, "inspect", "--format", "{{.State.Status}}", container)
-            assert state.stdout.strip() == "running", state.stdout
-        return time.monotonic()
+    @pytest.mark.parametrize(("how", "rank"), [("pause", 0), ("pause", 1), ("sigstop", 0)])
+    def test_watch_replaces_a_group_with_a_paused_rank_under_load(
+            self, stack: auto.Stack, sim: SimCluster, frozen_service: dict, how: str,
+            rank: int) -> None:
+        """One rank of decode-b frozen: `docker pause` (docker says paused), or SIGSTOP of the
+        server's process itself (docker says running: what a rank stuck in a collective looks like
+        from outside). The group hangs (the stand-in stalls as SGLang's collectives do: rank 0's
+        /health goes unanswered or 503), refresh sees no drift, and reconcile replaces exactly
+        decode-b's containers by name (`up --replace`), with no person. The three share one
+        service (`frozen_service`): each reads what was logged after it began."""
+        log = frozen_service["log.jsonl"]
+        since = len(decisions(log))
+        wait_until(lambda: [d for d in decisions(log, since) if d.get("decision") == "healthy"],
+                   120, "a healthy pass")
+        before = container_ids(sim)
+        node, container = DECODE["decode-b"][rank], f"kimipd-decode-b-r{rank}"
 
-    run = heal_under_load(sim, log, "decode-b", freeze)
-    lines = decisions(log)
-    healed = [d for d in lines if d.get("decision") == "healed"]
-    failed = run.failed_since_broken()
-    back = run.back_at - run.broken_at
-    print(f"{how} of decode-b rank {rank}: serving whole again after {back:.1f}s; "
-          f"{len(run.results)} requests, {len(failed)} failed {failed}; "
-          f"heal {healed[0]['seconds'] if healed else '-'}s, replaced "
-          f"{healed[0].get('replace') if healed else '-'}")
-    assert [d["units"] for d in healed] == [["decode-b"]], lines
-    assert sorted(healed[0]["replace"]) == [f"node-{address.replace('.', '-')}-decode"
-                                            for address in DECODE["decode-b"]], healed[0]
-    assert not [d for d in lines if d.get("decision") == "healed" and not d.get("replace")]
-    after = container_ids(sim)
-    for name, state in before.items():
-        if not name.startswith("kimipd-decode-b-"):
-            assert after.get(name) == state, f"{name} changed when only decode-b was replaced"
-    # Only requests the slots sent to decode-b before they stopped choosing it fail (each waits
-    # out the client's 10 s): none sent once it serves again.
-    assert len(run.results) > 20
-    assert all(sent < back for sent, _ in failed), failed
-    # The hang is seen after SGLANG_HEALTH_CHECK_TIMEOUT (20 s) or the probe's timeout, the
-    # grace is 4 s, the drain of a hung group waits out drainTimeoutSeconds (60 s), then one
-    # group load (3 s) and the admission: 240 s is twice that.
-    assert back < 240, f"serving whole again only after {back:.0f}s"
+        def freeze() -> float:
+            if how == "pause":
+                paused = sim.docker(node, "pause", container)
+                assert paused.returncode == 0, paused.stderr
+            else:
+                # The server is the container's PID 1 (launch.sh execs it); the nodes' engines run
+                # in this machine's PID namespace, so docker's Pid is this machine's. SIGKILL from
+                # the heal's `docker rm -f` ends a stopped process as any other.
+                pid = sim.docker(node, "inspect", "--format", "{{.State.Pid}}", container)
+                assert pid.returncode == 0 and int(pid.stdout) > 0, pid.stderr
+                os.kill(int(pid.stdout), signal.SIGSTOP)
+                state = sim.docker(node, "inspect", "--format", "{{.State.Status}}", container)
+                assert state.stdout.strip() == "running", state.stdout
+            return time.monotonic()
+
+        run = heal_under_load(sim, log, "decode-b", freeze, since)
+        lines = decisions(log, since)
+        healed = [d for d in lines if d.get("decision") == "healed"]
+        failed = run.failed_since_broken()
+        back = run.back_at - run.broken_at
+        print(f"{how} of decode-b rank {rank}: serving whole again after {back:.1f}s; "
+              f"{len(run.results)} requests, {len(failed)} failed {failed}; "
+              f"heal {healed[0]['seconds'] if healed else '-'}s, replaced "
+              f"{healed[0].get('replace') if healed else '-'}")
+        assert [d["units"] for d in healed] == [["decode-b"]], lines
+        assert sorted(healed[0]["replace"]) == [f"node-{address.replace('.', '-')}-decode"
+                                                for address in DECODE["decode-b"]], healed[0]
+        assert not [d for d in lines if d.get("decision") == "healed" and not d.get("replace")]
+        after = container_ids(sim)
+        for name, state in before.items():
+            if not name.startswith("kimipd-decode-b-"):
+                assert after.get(name) == state, f"{name} changed when only decode-b was replaced"
+        # Only requests the slots sent to decode-b before they stopped choosing it fail (each waits
+        # out the client's 10 s): none sent once it serves again.
+        assert len(run.results) > 20
+        assert all(sent < back for sent, _ in failed), failed
+        # The hang is seen after SGLANG_HEALTH_CHECK_TIMEOUT (20 s) or the probe's timeout, the
+        # grace is 4 s, the drain of a hung group waits out drainTimeoutSeconds (60 s), then one
+        # group load (3 s) and the admission: 240 s is twice that.
+        assert back < 240, f"serving whole again only after {back:.0f}s"
 
 
 def test_watch_heals_a_killed_decode_rank_under_load_then_stops_at_the_limit(

@@ -1,9 +1,10 @@
 """The observability project through the real engine on the sim: its stack comes up after a
 1P1D serving stack (metrics on), reads it through StackReference and scrapes every target; a
 killed decode rank reaches a webhook receiver on the sim bridge as KimipdGroupRankDown; the
-serving stack regrouped to 2P2D (Pulumi.sim-2p2d.yaml, rust router) changes only the targets
-file of the observability stack, and Prometheus scrapes the new targets without a restart.
-Tests run in file order on one pair of stacks."""
+serving stack regrouped to 2P2D (Pulumi.sim-2p2d.yaml's groups, rust router) changes only the
+targets file of the observability stack, and Prometheus scrapes the new targets without a
+restart. Tests run in file order on one pair of stacks, on the small nodes (engine.small_values
+and small_2p2d_values, nodes 9-12), beside the 8-node modules."""
 
 from __future__ import annotations
 
@@ -24,12 +25,13 @@ from pulumi import automation as auto
 from sim.automation import ObservabilityProject, Project
 from tests.conftest import REPO, observability_stack_values
 from tests.integration.engine import (  # noqa: F401 - fixtures
-    Events, env, new_stack, project, sim, sim_values, with_minilb)
-from tests.integration.sim import SimCluster
+    Events, env, new_stack, project, small_2p2d_values, small_sim, small_values, with_minilb)
+from tests.integration.sim import SMALL_NODES, SimCluster
 
 pytestmark = pytest.mark.timeout(2400)
 
-OBS_NODE = "10.231.60.4"
+OBS_NODE = SMALL_NODES[1]  # prefill's second node
+DECODE_PEER = SMALL_NODES[3]  # decode's rank 1
 BRIDGE = "10.231.60.254"
 SERVING = "obs-serving"
 OBS_LABEL = "kimipd-observability.role"
@@ -71,6 +73,7 @@ def observability_values(serving: str, image: str, receiver_url: str) -> dict:
     """observability/Pulumi.sim.yaml's values for this run: its known_hosts and key under the
     run's KIMIPD_CACHE, like the serving stacks' (stack_values)."""
     values = observability_stack_values("sim")
+    values["node"] = values["node"] | {"address": OBS_NODE}
     values["servingStack"] = f"organization/kimipd/{serving}"
     values["prometheus"]["image"] = image
     values["alertmanager"]["image"] = image
@@ -110,7 +113,7 @@ def receiver() -> Iterator[Receiver]:
 def serving(project: Project, sim: SimCluster) -> Iterator[auto.Stack]:
     # MiniLB first (no router target), then 2P2D behind the rust router adds its target.
     stack = new_stack(project, sim, SERVING,
-                      with_minilb(sim_values(sim, metrics={"enabled": True})))
+                      with_minilb(small_values(sim, metrics={"enabled": True})))
     started = time.monotonic()
     stack.up()
     print(f"\nserving stack {SERVING} (1P1D, MiniLB, metrics on) up in "
@@ -182,13 +185,13 @@ def test_observability_comes_up_after_the_serving_stack_and_scrapes_every_target
     outputs = {key: value.value for key, value in result.outputs.items()}
     assert outputs["prometheusUrl"] == f"http://{OBS_NODE}:9090"
     assert outputs["alertmanagerUrl"] == f"http://{OBS_NODE}:9093"
-    assert outputs["targets"] == 9  # the Mooncake master and 8 ranks (MiniLB has no metrics)
-    up = wait_for(outputs["prometheusUrl"], 'up{job="kimipd"}', lambda r: len(r) == 9 and all(
+    assert outputs["targets"] == 5  # the Mooncake master and 4 ranks (MiniLB has no metrics)
+    up = wait_for(outputs["prometheusUrl"], 'up{job="kimipd"}', lambda r: len(r) == 5 and all(
         sample["value"][1] == "1" for sample in r))
-    print(f"all 9 targets up == 1 {time.monotonic() - started:.1f}s after `up` started")
+    print(f"all 5 targets up == 1 {time.monotonic() - started:.1f}s after `up` started")
     roles = sorted(sample["metric"]["role"] for sample in up)
-    assert roles == sorted(["mooncake-master", *(f"prefill-r{i}" for i in range(4)),
-                            *(f"decode-r{i}" for i in range(4))])
+    assert roles == sorted(["mooncake-master", *(f"prefill-r{i}" for i in range(2)),
+                            *(f"decode-r{i}" for i in range(2))])
     again = Events()
     observability.preview(on_event=again)
     assert changed(again) == set(), f"a second preview would change {changed(again)}"
@@ -204,7 +207,7 @@ def test_a_killed_decode_rank_reaches_the_receiver_as_rank_down(
     group_wait = values["alertmanager"]["groupWaitSeconds"]
     assert not receiver.firing("KimipdGroupRankDown", 0), receiver.received
     killed, killed_wall = time.monotonic(), time.time()
-    assert sim.docker("10.231.60.6", "kill", "kimipd-decode-r1").returncode == 0
+    assert sim.docker(DECODE_PEER, "kill", "kimipd-decode-r1").returncode == 0
     deadline = killed + 120
     while time.monotonic() < deadline and not receiver.firing("KimipdGroupRankDown", killed):
         time.sleep(0.1)
@@ -236,7 +239,7 @@ def test_2p2d_changes_only_the_targets_file_and_prometheus_scrapes_the_new_targe
         observability: auto.Stack, serving: auto.Stack, project: Project,
         sim: SimCluster) -> None:
     before = prometheus_container(sim)
-    project.write_stack(SERVING, sim_values(sim, "sim-2p2d"))
+    project.write_stack(SERVING, small_2p2d_values(sim))
     started = time.monotonic()
     # refresh: the decode rank the previous test killed is recorded, then replaced with the rest.
     serving.up(refresh=True)
@@ -259,9 +262,9 @@ def test_2p2d_changes_only_the_targets_file_and_prometheus_scrapes_the_new_targe
 
     prometheus = f"http://{OBS_NODE}:9090"
     started = time.monotonic()
-    up = wait_for(prometheus, 'up{job="kimipd"} == 1', lambda r: len(r) == 13 and {
+    up = wait_for(prometheus, 'up{job="kimipd"} == 1', lambda r: len(r) == 8 and {
         s["metric"].get("group") for s in r} >= {"prefill-a", "prefill-b", "decode-a", "decode-b"})
-    print(f"the 13 new targets (8 ranks, mc-master, each door node's door and its rust slot) "
+    print(f"the 8 new targets (4 ranks, mc-master, the door and its two rust slots) "
           f"up == 1 {time.monotonic() - started:.1f}s after the file changed")
     assert {"door", "router"} <= {sample["metric"]["role"] for sample in up}
     assert {sample["metric"].get("slot") for sample in up if sample["metric"]["role"] == "router"} \

@@ -1,8 +1,9 @@
 """Past 1P1D, through the real engine on the sim: a running 1P1D stack becomes 2P2D (stack file
 Pulumi.sim-2p2d.yaml) in one `up`, every group serves through the real router, a real Prometheus
 scrapes every target the stack lists, one decode group restarts alone under load, and the
-2P2D stack is destroyed in the runbook's reverse order. Tests run in file order on the MiniLB
-stack the engine.shared_minilb fixture brings up: stack `sim` as shipped, 1P1D, converged."""
+2P2D stack is destroyed in the runbook's reverse order. Tests run in file order on one stack:
+stack `sim` with MiniLB on the small nodes (engine.small_values, nodes 9-12), 1P1D, converged,
+regrouped to four groups of one node (engine.small_2p2d_values), beside the 8-node modules."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,27 +23,35 @@ from pulumi import automation as auto
 
 from ops.cli import main as kimipd
 from sim.automation import Project
-from tests.conftest import stack_values
 from tests.integration.engine import (  # noqa: F401 - fixtures
-    CONTAINER, DECODE_RANKS, NODES, PREFILL_RANKS, ROUTER, SHARED_MINILB, Events, container_ids,
-    shared_minilb, shared_minilb_project, shared_minilb_sim, shared_minilb_stack, up_under_load)
-from tests.integration.sim import SimCluster
+    CONTAINER, SMALL_ROUTER, Events, container_ids, env, new_stack, project, small_2p2d_values,
+    small_sim, small_values, up_under_load, with_minilb)
+from tests.integration.sim import SMALL_NODES, SimCluster
 
 pytestmark = pytest.mark.timeout(1800)
 
 GROUPS_2P2D = ["prefill-a", "prefill-b", "decode-a", "decode-b"]
+# Rank containers' resource names (by node and mode): one group per node after the regroup.
+PREFILL_RANKS = [f"node-{node.replace('.', '-')}-prefill" for node in SMALL_NODES[:2]]
+DECODE_RANKS = [f"node-{node.replace('.', '-')}-decode" for node in SMALL_NODES[2:]]
+ROUTER = SMALL_ROUTER
+# MiniLB's worker list is on its command line, so regrouping replaces it last (with the rust
+# router the groups' memberships change instead: test_observability.py).
+STACK = "sim"
 
 
-def two_by_two() -> dict:
-    """What Pulumi.sim-2p2d.yaml changes from stack `sim`: the groups and metrics."""
-    values = stack_values("sim-2p2d")
+def two_by_two(sim: SimCluster) -> dict:
+    """What the 2P2D layout changes from stack `sim`: the groups and metrics."""
+    values = small_2p2d_values(sim)
     return {"groups": values["groups"], "metrics": values["metrics"]}
 
 
-# The shared MiniLB stack (engine.shared_minilb): MiniLB's worker list is on its command line,
-# so regrouping replaces it last (with the rust router the groups' memberships change instead:
-# test_security.py).
-STACK = SHARED_MINILB
+@pytest.fixture(scope="module")
+def stack(project: Project, sim: SimCluster) -> Iterator[auto.Stack]:
+    stack = new_stack(project, sim, STACK, with_minilb(small_values(sim)))
+    stack.up()
+    yield stack
+    stack.destroy()  # nothing left when the destroy-order test ran
 
 
 def outputs_of(stack: auto.Stack) -> dict:
@@ -52,7 +62,7 @@ def test_1p1d_becomes_2p2d_in_one_up(stack: auto.Stack, project: Project,
                                      sim: SimCluster) -> None:
     """Each node's rank container is replaced in place (named by node and mode), so no new
     group starts beside an old one's ports; prefill before decode before the router."""
-    project.update_stack(STACK, two_by_two())
+    project.update_stack(STACK, two_by_two(sim))
     preview = Events()
     stack.preview(on_event=preview)
     ops: dict[str, set[str]] = {}
@@ -74,7 +84,7 @@ def test_1p1d_becomes_2p2d_in_one_up(stack: auto.Stack, project: Project,
     assert outputs["smokeTest"].strip()
     ids = container_ids(sim)
     assert sorted(ids) == sorted(["kimipd-mooncake-master", "kimipd-router", *(
-        f"kimipd-{group}-r{rank}" for group in GROUPS_2P2D for rank in range(2))])
+        f"kimipd-{group}-r0" for group in GROUPS_2P2D)])
     assert all(state.endswith("running") for state in ids.values()), ids
 
 
@@ -169,17 +179,18 @@ def test_prometheus_scrapes_every_target_and_sees_tokens_grow(stack: auto.Stack)
     targets = work / "kimipd.json"
     assert kimipd(["targets", "--outputs-json", str(outputs_file), "--out", str(targets)]) == 0
     listed = {address for entry in json.loads(targets.read_text()) for address in entry["targets"]}
-    assert len(listed) == 9  # the Mooncake master and 8 ranks
+    assert len(listed) == 5  # the Mooncake master and 4 ranks
     prometheus = Prometheus(targets, work)
     try:
-        up = prometheus.wait_for("up", lambda result: len(result) == 9 and all(
+        up = prometheus.wait_for("up", lambda result: len(result) == 5 and all(
             sample["value"][1] == "1" for sample in result))
         labels = {sample["metric"]["instance"]: sample["metric"] for sample in up}
         assert set(labels) == listed
-        decode_b1 = labels["10.231.60.8:30000"]
-        assert (decode_b1["group"], decode_b1["mode"], decode_b1["rank"], decode_b1["role"],
-                decode_b1["node"], decode_b1["stack"]) == ("decode-b", "decode", "1",
-                                                           "decode-b-r1", "10.231.60.8", STACK)
+        decode_b = SMALL_NODES[3]
+        decode_b0 = labels[f"{decode_b}:30000"]
+        assert (decode_b0["group"], decode_b0["mode"], decode_b0["rank"], decode_b0["role"],
+                decode_b0["node"], decode_b0["stack"]) == ("decode-b", "decode", "0",
+                                                           "decode-b-r0", decode_b, STACK)
         total = "sum(sglang:generation_tokens_total)"
         before = prometheus.wait_for(total, lambda result: len(result) == 1)
         body = json.dumps({"text": "count me", "sampling_params": {"max_new_tokens": 8}}).encode()
@@ -198,14 +209,14 @@ def test_prometheus_scrapes_every_target_and_sees_tokens_grow(stack: auto.Stack)
 def test_restarting_one_decode_group_leaves_every_other_container_alone(
         stack: auto.Stack, project: Project, sim: SimCluster) -> None:
     before = container_ids(sim)
-    groups = two_by_two()["groups"]
+    groups = two_by_two(sim)["groups"]
     groups["decode-b"]["restartGeneration"] = 1
     project.update_stack(STACK, {"groups": groups})
-    events, results = up_under_load(stack, "decode-b restart through MiniLB")
+    events, results = up_under_load(stack, "decode-b restart through MiniLB", router=ROUTER)
     failed = sum(1 for status in results if status != 200)
-    restarted = {"node-10-231-60-7-decode", "node-10-231-60-8-decode"}
+    restarted = {DECODE_RANKS[1]}
     assert {name for name in events.changed() if name.startswith("node-")} == restarted
-    assert events.changed() - restarted == {"decode-b-r0-health", "decode-b-r1-health",
+    assert events.changed() - restarted == {"decode-b-r0-health",
                                             "smoke-test-generate"}, events.changed()
     after = container_ids(sim)
     for name, state in before.items():
@@ -231,5 +242,5 @@ def test_destroy_runs_in_reverse_order_and_keeps_images(stack: auto.Stack, sim: 
     assert max(decode_gone) < min(prefill_starts), "prefill stopped before decode"
     assert max(prefill_gone) < master_starts, "mc-master stopped before prefill"
     assert container_ids(sim) == {}
-    for node in NODES:
+    for node in SMALL_NODES:
         assert sim.docker(node, "image", "inspect", sim.image).returncode == 0, f"image gone on {node}"
