@@ -299,6 +299,13 @@ def run_orphans(args: argparse.Namespace, stack: Stack, transport: Transport) ->
     except (StackError, OSError, json.JSONDecodeError) as error:
         print(f"kimipd: the stack's state cannot be read: {error}", file=sys.stderr)
         return DOWN
+    if stack.roles_problem is not None:
+        # Which containers are this stack's is the config's to say (another stack's may share
+        # the nodes): with a config the program would refuse, none is judged, none removed.
+        print("kimipd: orphans judges containers by the roles the stack's config defines, and "
+              f"the config does not validate; fix it first: {stack.roles_problem}",
+              file=sys.stderr)
+        return DOWN
     known = orphans_command.known_container_ids(export)
     # The config's nodes too: a killed first `up` leaves no outputs to name them.
     nodes = sorted({*stack.access.nodes, *stack.topology.nodes})

@@ -16,22 +16,18 @@ from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
-from components.config import CONFIG_NAMESPACE, ConnectionSpec, NodeSpec, VerificationSpec
-from components.render import MOONCAKE_MASTER, ROUTER, rank_role
+from components.config import (CONFIG_NAMESPACE, ConfigError, ConnectionSpec, NodeSpec,
+                               VerificationSpec, load_cluster_config)
+from components.render import DOOR, MOONCAKE_MASTER, ROUTER, container_roles, rank_role, slot_role
 
 REPO = Path(__file__).resolve().parent.parent
 PULUMI_TIMEOUT_SECONDS = 120
 
-# The door (router.door): HAProxy in front of two router slots, each slot a router of its own.
-DOOR = "door"
-SLOT_NAMES = ("a", "b")
+# The door (router.door): HAProxy in front of two router slots, each slot a router of its own,
+# named as the renderers name them (DOOR, slot_role).
 # The door's backend in haproxy.cfg, where the slots are servers (`show stat`'s pxname).
 DOOR_BACKEND = "slots"
 _SLOT_ROLE = re.compile(r"router-[a-z]")
-
-
-def slot_role(slot: str) -> str:
-    return f"router-{slot}"
 
 
 class StackError(Exception):
@@ -302,8 +298,10 @@ class Stack:
     topology: Topology
     access: Access
     verification: VerificationSpec
-    # Every container role the config defines (its groups' ranks, mc-master, router).
+    # Every container role the config defines (components/render/roles.py); none when the
+    # config does not validate, and why (`roles_problem`).
     roles: frozenset[str] = frozenset()
+    roles_problem: str | None = None
     # The rust router's key (the secret routerApiKey), for requests sent from here.
     router_api_key: str | None = None
     # The config's `serving` (false: nothing is meant to run, even before an `up` applies it).
@@ -374,13 +372,14 @@ def access_from_config(values: Mapping[str, Any], private_key: str | None = None
                   nodes={node.address: node for node in nodes}, private_key=private_key)
 
 
-def roles_from_config(values: Mapping[str, Any]) -> frozenset[str]:
-    groups = values.get("groups") or {}
-    door = ({DOOR, *map(slot_role, SLOT_NAMES)} if router_config(values).get("door")
-            else set())
-    return frozenset({MOONCAKE_MASTER, ROUTER} | door | {
-        rank_role(name, rank) for name, group in groups.items() if isinstance(group, Mapping)
-        for rank in range(len(group.get("nodes") or []))})
+def roles_from_config(values: Mapping[str, Any]) -> tuple[frozenset[str], str | None]:
+    """Every container role the config defines, as the program names them
+    (components/render/roles.py), or none and why, when the config does not validate: then no
+    container can be judged this stack's."""
+    try:
+        return container_roles(load_cluster_config(values)), None
+    except ConfigError as error:
+        return frozenset(), str(error)
 
 
 def verification_from_config(values: Mapping[str, Any]) -> VerificationSpec:
@@ -462,10 +461,12 @@ def load_stack(stack: str | None, cwd: Path = REPO, outputs_file: Path | None = 
                 router_key = cli.secret("routerApiKey")
                 router_key = router_key.strip() if router_key is not None else None
     values = config_values(raw_config)
+    roles, roles_problem = roles_from_config(values)
     return Stack(topology=Topology.from_outputs(name, outputs),
                  access=access_from_config(values, private_key),
                  verification=verification_from_config(values),
-                 roles=roles_from_config(values),
+                 roles=roles,
+                 roles_problem=roles_problem,
                  router_api_key=router_key,
                  serving_config=values.get("serving", True) not in (False, "false"),
                  router_kind=str(router_config(values).get("kind") or "mini-lb"),

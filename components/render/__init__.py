@@ -7,8 +7,8 @@ thing rendered: `sglang.py`, `router.py` (and the smoke test), `mooncake_master.
 `node_scripts.py` (preflight, gates, image check), `node_files.py` (launch.sh's installs, the
 prepared image), `prometheus.py`, `firewall.py` (each node's nftables table), `keepalived.py`
 (the door's virtual IP on two nodes);
-`container_plan.py` is what docker is told about any container
-and `layout.py` where things live on a node.
+`container_plan.py` is what docker is told about any container,
+`layout.py` where things live on a node and `roles.py` every container role a config defines.
 """
 
 from .container_plan import ContainerPlan, container_labels, container_mounts, env_list
@@ -22,6 +22,7 @@ from .keepalived import (door_check_file, keepalived_config, keepalived_config_f
                          keepalived_plan, keepalived_state_file, remove_virtual_ip_files_command,
                          virtual_ip_dir, virtual_ip_spec, write_keepalived_config_command)
 from .layout import MOONCAKE_MASTER, NODE_ASSET_DIR, NODE_SCRIPTS, ROUTER, rank_role
+from .roles import container_roles
 from .membership import (admit_command, drain_command, restore_command, router_ready_command,
                          slot_admit_command, slot_door_admit_command, slot_door_drain_command,
                          slot_drain_command, slot_unwant_command,
@@ -41,6 +42,7 @@ from .sglang import (group_endpoint, remove_worker_key_command, sglang_command, 
                      worker_key_file, worker_key_yaml, write_worker_key_command)
 
 __all__ = [
+    "container_roles",
     "DOOR",
     "door_admin_socket",
     "door_bridge_command",

@@ -13,6 +13,8 @@ from ops.cli import main
 from ops.orphans import (LIST_COMMAND, NodeContainer, find_orphans, known_container_ids,
                          parse_listing)
 from ops.remote import RemoteError, RemoteResult
+from ops.stack import roles_from_config
+from tests.conftest import stack_values
 
 NODES = ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
 
@@ -100,12 +102,28 @@ def test_another_stacks_containers_are_left_alone() -> None:
     assert find_orphans(ON_NODES + other, {c.id for c in ON_NODES}, ROLES) == []
 
 
-def cli(tmp_path: Path, state_ids: list[str], *args: str, nodes: DockerNodes) -> int:
+def three_node_config() -> dict:
+    """Stack `sim`'s values with ON_NODES's roles: a prefill and a decode group of two ranks,
+    the Mooncake master and the single router. (The config gives each group nodes of its own,
+    as the model wants; which node a container is found on is not what orphans judges by.)"""
+    values = stack_values("sim")
+    four = [*NODES, "10.0.0.4"]
+    values["nodes"] = [{"address": address, "gpus": 8} for address in four]
+    values["mooncakeMaster"] = values["mooncakeMaster"] | {"node": NODES[0]}
+    values["groups"]["prefill"] |= {"nodes": four[:2], "tpSize": 16, "epSize": 16}
+    values["groups"]["decode"] |= {"nodes": four[2:], "tpSize": 16, "epSize": 16}
+    values["router"] = {key: value for key, value in values["router"].items() if key != "door"}
+    values["router"]["node"] = NODES[2]
+    return values
+
+
+def cli(tmp_path: Path, state_ids: list[str], *args: str, nodes: DockerNodes,
+        config: dict | None = None) -> int:
     (tmp_path / "outputs.json").write_text(json.dumps({"nodes": {n: {} for n in NODES[:2]}}))
     # The config names a node the outputs do not (a first `up` killed before its outputs).
-    (tmp_path / "config.json").write_text(json.dumps({
-        "kimipd:nodes": [{"address": address} for address in NODES],
-        "kimipd:groups": {"prefill": {"nodes": NODES[:2]}, "decode": {"nodes": NODES[1:]}}}))
+    values = three_node_config() if config is None else config
+    (tmp_path / "config.json").write_text(json.dumps({f"kimipd:{key}": value
+                                                      for key, value in values.items()}))
     (tmp_path / "state.json").write_text(json.dumps(export(state_ids)))
     return main(["-s", "sim", "--outputs-json", str(tmp_path / "outputs.json"), "--config-json",
                  str(tmp_path / "config.json"), "--state-json", str(tmp_path / "state.json"),
@@ -148,3 +166,32 @@ def test_an_unreadable_state_is_exit_2_and_touches_nothing(tmp_path: Path, capsy
     assert code == DOWN
     assert "the stack's state cannot be read" in capsys.readouterr().err
     assert len(nodes.containers) == len(ON_NODES) and nodes.removed == []
+
+
+def test_the_roles_are_the_programs_keepalived_and_both_doors_included() -> None:
+    """sim-2p2d: the door on two nodes with a virtual IP, named as the renderers name them."""
+    roles, problem = roles_from_config(stack_values("sim-2p2d"))
+    assert problem is None
+    assert {"door", "door-10-231-60-7", "keepalived", "keepalived-10-231-60-7", "router-a",
+            "router-b", "mooncake-master", "decode-b-r1"} <= roles, sorted(roles)
+
+
+def test_a_keepalived_and_a_second_door_the_state_does_not_know_are_orphans() -> None:
+    roles, _ = roles_from_config(stack_values("sim-2p2d"))
+    left = [container("10.231.60.7", "keepalived-10-231-60-7", None, "k"),
+            container("10.231.60.7", "door-10-231-60-7", None, "m")]
+    known = {"a" * 64}
+    assert [f.container.role for f in find_orphans(left, known, roles)] == [
+        "keepalived-10-231-60-7", "door-10-231-60-7"]
+
+
+def test_a_config_the_program_refuses_judges_nothing_and_removes_nothing(
+        tmp_path: Path, capsys) -> None:
+    nodes = DockerNodes(ON_NODES)
+    config = three_node_config()
+    config["groups"]["decode"]["tpSize"] = 24  # not the group's GPUs
+    code = cli(tmp_path, [c.id for c in ON_NODES][:2], "--remove", nodes=nodes, config=config)
+    assert code == DOWN
+    error = capsys.readouterr().err
+    assert "the config does not validate; fix it first" in error and "tpSize" in error, error
+    assert nodes.removed == []

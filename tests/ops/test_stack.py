@@ -334,9 +334,27 @@ def test_the_config_says_the_router_kind_the_door_tls_and_the_door_roles(
     assert stack.door_tls is not None
     assert stack.door_tls.certificate == "-----BEGIN CERTIFICATE-----\nA\n"
     assert stack.door_tls.ca_certificate is None
-    assert {"door", "router-a", "router-b", "router"} <= stack.roles
-    # without router settings: the schema's default kind, no TLS, no door roles
+    # A config the model refuses (no groups, no model...) defines no roles, and says why.
+    assert stack.roles == frozenset() and "invalid kimipd stack configuration" in str(
+        stack.roles_problem)
+    # without router settings: the schema's default kind, no TLS
     (fake_pulumi / "config.json").write_text(json.dumps(PULUMI_CONFIG))
     stack = load_stack("pro6000", cwd=fake_pulumi)
     assert (stack.router_kind, stack.door_tls) == ("mini-lb", None)
-    assert "door" not in stack.roles and "router" in stack.roles
+
+
+@pytest.mark.parametrize(("stack_name", "door_roles"), [
+    ("sim", {"door", "router-a", "router-b"}),
+    ("sim-2p2d", {"door", "door-10-231-60-7", "keepalived", "keepalived-10-231-60-7",
+                  "router-a", "router-b"})])
+def test_the_roles_come_from_the_typed_config(fake_pulumi: Path, stack_name: str,
+                                              door_roles: set[str]) -> None:
+    values = stack_values(stack_name)
+    config = {f"kimipd:{key}": {"value": json.dumps(value), "objectValue": value,
+                                "secret": False} for key, value in values.items()}
+    (fake_pulumi / "config.json").write_text(json.dumps(config))
+    stack = load_stack(stack_name, cwd=fake_pulumi)
+    assert stack.roles_problem is None
+    ranks = {f"{name}-r{rank}" for name, group in values["groups"].items()
+             for rank in range(len(group["nodes"]))}
+    assert stack.roles == frozenset({"mooncake-master", "router", *ranks, *door_roles})
