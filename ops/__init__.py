@@ -11,3 +11,6 @@ deploys with.
 OK = 0  # everything serves / every check passed
 DEGRADED = 1  # something is wrong (a container, a probe, a regression, a file not collected)
 DOWN = 2  # the stack is not serving (serving false, no outputs) or nothing could be reached
+# The command line itself is wrong (an unknown flag, a missing argument): sysexits' EX_USAGE,
+# a code no verdict uses, so a script never reads a typo as "down".
+USAGE = 64

@@ -10,12 +10,13 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 from pulumi import automation as auto
 from rich.console import Console
 from rich.live import Live
 
-from . import DEGRADED, DOWN, OK
+from . import DEGRADED, DOWN, OK, USAGE
 from . import logs as logs_command
 from . import orphans as orphans_command
 from . import reconcile_cli
@@ -32,13 +33,22 @@ from .stack import Access, PulumiCli, Stack, StackError, load_stack
 
 EXIT_CODES = (f"exit codes: {OK} all serve / all pass, {DEGRADED} degraded / regression / "
               f"something not collected, {DOWN} stack down (serving false, no outputs) or "
-              "unreachable")
+              f"unreachable, {USAGE} a wrong command line")
 VIA_HELP = ("how HTTP is probed: direct from this machine, ssh (curl on the node), or auto "
             "(direct, then ssh when the port cannot be reached from here); default auto")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's, but a wrong command line exits USAGE, not argparse's 2, which is DOWN here.
+    Its subcommands' parsers are of this class too (add_subparsers takes the parent's)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(USAGE, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="kimipd",
         description="Day-two operations on a deployed kimipd stack. The topology comes from "
                     "the stack's outputs (pulumi stack output), the way to the nodes from its "

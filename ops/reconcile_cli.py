@@ -9,6 +9,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from . import USAGE
 from . import reconcile as reconcile_command
 from .arguments import common, not_negative, positive
 from .heal_policy import REFUSED, SERVING, WAITING, Limits
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace,
     if args.max_heals_per_hour < 1:
         print(f"kimipd reconcile: --max-heals-per-hour {args.max_heals_per_hour}: must be at "
               "least 1 (use --dry-run to only report)", file=sys.stderr)
-        return REFUSED
+        return USAGE
     try:
         name = args.stack or PulumiCli(None, args.cwd).stack_name()
     except StackError as error:

@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 
+from ops import USAGE
 from ops.cli import build_parser, main
 from tests.conftest import REPO
 from tests.ops.systemd_unit import ENV_EXAMPLE, UNIT, environment_file, exec_start, unit_text
@@ -57,8 +58,9 @@ def test_the_passphrase_lives_in_the_environment_file_only() -> None:
 
 
 def test_bad_limits_are_refused_before_anything_runs(capsys) -> None:
-    assert main(["-s", "x", "reconcile", "--max-heals-per-hour", "0"]) == 2
+    assert main(["-s", "x", "reconcile", "--max-heals-per-hour", "0"]) == USAGE
     assert "--max-heals-per-hour 0: must be at least 1" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as refused:
         main(["-s", "x", "reconcile", "--interval", "0"])
+    assert refused.value.code == USAGE
     assert "--interval: '0' is not a positive number" in capsys.readouterr().err

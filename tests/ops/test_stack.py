@@ -14,6 +14,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from components.config import VerificationSpec, load_cluster_config
+from ops import DEGRADED, DOWN, OK, USAGE
 from ops.remote import RemoteError, SshTransport, load_private_key
 from ops.stack import StackError, Topology, config_values, load_stack
 from tests.conftest import REPO, stack_values
@@ -175,6 +176,16 @@ def test_help_on_every_subcommand(command: list[str]) -> None:
     assert "--outputs-json" not in result.stdout and "--state-json" not in result.stdout
     if command:
         assert "-s STACK, --stack STACK" in result.stdout
+
+
+@pytest.mark.parametrize("argv", [["status", "--no-such-flag"], ["no-such-command"], [],
+                                  ["logs", "--role"]])
+def test_a_wrong_command_line_exits_with_a_code_no_verdict_uses(argv: list[str]) -> None:
+    """2 is "down": a typo in a monitoring script must not read as the stack down."""
+    result = subprocess.run([str(REPO / "scripts" / "kimipd"), *argv], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == USAGE and USAGE not in (OK, DEGRADED, DOWN), result.stderr
+    assert "usage: kimipd" in result.stderr and "error:" in result.stderr
 
 
 DOOR_NODE = "10.0.0.5"
