@@ -5,33 +5,38 @@ from __future__ import annotations
 import pulumi
 
 from .config import ClusterConfig
+from .door import Door
 from .keys import WorkerKeyFile
+from .membership import Membership
 from .mooncake import MooncakeMaster
 from .node import Node
 from .render import (
+    door_admin_socket,
+    door_check_file,
+    door_plan,
+    door_url,
     firewall_table,
     group_endpoint,
+    keepalived_plan,
+    keepalived_state_file,
     mooncake_master_address,
     mooncake_master_plan,
     prometheus_targets,
-    door_admin_socket,
-    door_check_file,
-    keepalived_plan,
-    keepalived_state_file,
-    slot_url,
-    door_plan,
-    door_url,
+    restore_command,
     router_plan,
     router_slots,
     router_url,
-    restore_command,
+    sglang_rank_plan,
     slot_role,
     slot_server,
-    sglang_rank_plan,
+    slot_url,
 )
 from .render.keepalived import virtual_ip_interface
-from .router import Door, Membership, Router, RouterApiKey, RouterReadiness, SmokeTest
+from .router import Router
+from .router_api_key import RouterApiKey
+from .router_readiness import RouterReadiness
 from .serving import ServingGroup
+from .smoke_test import SmokeTest
 from .virtual_ip import VirtualIp
 
 

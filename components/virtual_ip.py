@@ -16,7 +16,7 @@ from .node import Node
 from .render import (keepalived_config, keepalived_plan, remove_virtual_ip_files_command,
                      virtual_ip_spec, write_keepalived_config_command)
 from .render.keepalived import KEEPALIVED_STOP_GRACE_SECONDS
-from .router import Door
+from .door import Door
 
 
 class VirtualIp(pulumi.ComponentResource):
