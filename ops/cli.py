@@ -8,7 +8,8 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
@@ -257,11 +258,23 @@ def run_status(args: argparse.Namespace, stack: Stack, transport: Transport) -> 
     return code
 
 
+@contextmanager
+def progress_line(args: argparse.Namespace) -> Iterator[Callable[[str], None]]:
+    """A live line on the terminal (stderr) while a command works, gone when it ends: nothing
+    with --json, or when stderr is not a terminal (a pipe, a file, a CI log)."""
+    if getattr(args, "json", False) or not sys.stderr.isatty():
+        yield lambda message: None
+        return
+    with Console(stderr=True).status("starting", spinner="line") as live:
+        yield live.update
+
+
 def run_logs(args: argparse.Namespace, stack: Stack, transport: Transport) -> int:
     try:
-        path, index, code = logs_command.collect_bundle(
-            stack.topology, transport, args.out, since=args.since, selectors=args.role,
-            timeout=args.timeout)
+        with progress_line(args) as progress:
+            path, index, code = logs_command.collect_bundle(
+                stack.topology, transport, args.out, since=args.since, selectors=args.role,
+                timeout=args.timeout, on_progress=progress)
     except ValueError as error:
         print(f"kimipd logs: {error}", file=sys.stderr)
         return DEGRADED
@@ -291,10 +304,11 @@ def run_logs(args: argparse.Namespace, stack: Stack, transport: Transport) -> in
 
 
 def run_verify(args: argparse.Namespace, stack: Stack, transport: Transport) -> int:
-    report = verify_command.run(stack.topology, stack.verification, transport,
-                                timeout=args.timeout, via=args.via, seed=args.seed,
-                                only=args.only, api_key=stack.router_api_key,
-                                tls=status_command.door_tls(stack))
+    with progress_line(args) as progress:
+        report = verify_command.run(stack.topology, stack.verification, transport,
+                                    timeout=args.timeout, via=args.via, seed=args.seed,
+                                    only=args.only, api_key=stack.router_api_key,
+                                    tls=status_command.door_tls(stack), on_progress=progress)
     if args.json:
         print(json.dumps(report.as_json(), indent=2))
     else:

@@ -20,7 +20,8 @@ import re
 import shlex
 import tarfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -195,8 +196,11 @@ def bundle_name(stack: str, when: datetime) -> str:
 
 def collect_bundle(topology: Topology, transport: Transport, out_dir: Path, since: str = "1h",
                    selectors: list[str] | None = None, timeout: float = 60.0,
-                   workers: int = 16) -> tuple[Path, dict, int]:
-    """Writes the bundle; returns (its path, its index, the exit code)."""
+                   workers: int = 16,
+                   on_progress: Callable[[str], None] | None = None) -> tuple[Path, dict, int]:
+    """Writes the bundle; returns (its path, its index, the exit code). ON_PROGRESS hears how
+    many items are collected, as each one ends."""
+    progress = on_progress or (lambda message: None)
     started = datetime.now(timezone.utc)
     clock = time.monotonic()
     collector = Collector(transport, valid_since(since), timeout)
@@ -220,8 +224,11 @@ def collect_bundle(topology: Topology, transport: Transport, out_dir: Path, sinc
         if door is not None and (not selectors or any(
                 ref.role.startswith(("door", "keepalived")) for ref in chosen)):
             jobs += collector.virtual_ip(door)
-        for future in [pool.submit(*job) for job in jobs]:
+        progress(f"logs: collecting {len(jobs)} items from {len(nodes)} nodes")
+        futures = [pool.submit(*job) for job in jobs]
+        for done, future in enumerate(as_completed(futures), 1):
             future.result()
+            progress(f"logs: {done}/{len(jobs)} items collected")
 
     name = bundle_name(topology.stack, started)
     entries = sorted(collector.entries, key=lambda e: e.path)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -272,9 +273,12 @@ class VerifyReport:
 def run(topology: Topology, spec: VerificationSpec, transport: Transport | None,
         timeout: float = 600.0, via: str = "auto", seed: int | None = None,
         only: list[str] | None = None, api_key: str | None = None,
-        tls: Tls | None = None) -> VerifyReport:
+        tls: Tls | None = None,
+        on_progress: Callable[[str], None] | None = None) -> VerifyReport:
     """TLS: the door's certificate check (ops/status.door_tls), for an https:// generateUrl; over
-    SSH, curl checks it against the door's ca.pem on the router's node."""
+    SSH, curl checks it against the door's ca.pem on the router's node. ON_PROGRESS hears which
+    request is under way (a request can take minutes)."""
+    progress = on_progress or (lambda message: None)
     seed = int(time.time()) if seed is None else seed
     shapes = [s for s in spec.baseline if not only or s.name in only]
     url = topology.generate_url
@@ -287,14 +291,18 @@ def run(topology: Topology, spec: VerificationSpec, transport: Transport | None,
     router = topology.router
     rng = random.Random(seed)
     measurements = []
-    for shape in shapes:
+    for number, shape in enumerate(shapes, 1):
         measurement = Measurement(shape)
         body = request_body(shape, rng)
         reachable = True
+        progress(f"verify: request {number}/{len(shapes)} {shape.name} ({shape.input_tokens} in, "
+                 f"{shape.output_tokens} out)")
         if via in ("auto", "direct"):
             reachable = _direct(url, body, timeout, measurement, api_key, tls)
         if (via == "ssh" or (via == "auto" and not reachable)) and transport and router:
             measurement.error = None
+            progress(f"verify: request {number}/{len(shapes)} {shape.name} over SSH on "
+                     f"{router.node}")
             # On the router's node the key is read from its file there (rust router).
             port = urlsplit(url).port or 80
             header_file = router_auth_header_file(port) if api_key else None

@@ -81,9 +81,14 @@ def test_the_bundle_has_the_doors_access_log_and_its_runtime_state(tmp_path: Pat
                                                                    admin: AdminSocket) -> None:
     admin.servers["slot-b"] = {"status": "DRAIN"}
     outputs = outputs_with(admin)
+    heard: list[str] = []
     path, index, code = collect_bundle(Topology.from_outputs("door", outputs),
-                                       DoorNodes(outputs), tmp_path)
+                                       DoorNodes(outputs), tmp_path, on_progress=heard.append)
     assert code == OK, index["files"]
+    # The live line: the count first, then each item as it ends, up to all of them.
+    total = int(heard[0].split()[2])
+    assert heard == [heard[0], *(f"logs: {done}/{total} items collected"
+                                 for done in range(1, total + 1))], heard
     files = read_bundle(path)
     assert files[f"{DOOR_NODE}/kimipd-door.log"] == ACCESS_LOG
     for name in ("kimipd-router-a", "kimipd-router-b"):

@@ -7,6 +7,7 @@ import json
 import os
 import stat
 import subprocess
+from argparse import Namespace
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from components.config import VerificationSpec, load_cluster_config
 from ops import DEGRADED, DOWN, OK, USAGE
+from ops.cli import progress_line
 from ops.remote import RemoteError, SshTransport, load_private_key
 from ops.stack import StackError, Topology, config_values, load_stack
 from tests.conftest import REPO, stack_values
@@ -369,3 +371,13 @@ def test_the_roles_come_from_the_typed_config(fake_pulumi: Path, stack_name: str
     ranks = {f"{name}-r{rank}" for name, group in values["groups"].items()
              for rank in range(len(group["nodes"]))}
     assert stack.roles == frozenset({"mooncake-master", "router", *ranks, *door_roles})
+
+
+def test_the_progress_line_says_nothing_on_a_pipe_or_with_json(capsys, monkeypatch) -> None:
+    """verify and logs show a live line on a terminal; a pipe, a file or --json get nothing."""
+    for json_flag, tty in ((False, False), (True, True)):
+        monkeypatch.setattr("sys.stderr.isatty", lambda tty=tty: tty)
+        with progress_line(Namespace(json=json_flag)) as progress:
+            progress("verify: request 1/3 short")
+        captured = capsys.readouterr()
+        assert (captured.out, captured.err) == ("", ""), (json_flag, tty)

@@ -67,8 +67,15 @@ def assert_rates(report) -> None:
 
 
 def test_measures_the_configured_speeds(cluster: LoopbackCluster) -> None:
-    report = run(topology(cluster), VerificationSpec(), transport=None, seed=7)
+    heard: list[str] = []
+    report = run(topology(cluster), VerificationSpec(), transport=None, seed=7,
+                 on_progress=heard.append)
     assert report.exit_code == OK, report.as_json()
+    # What the live line shows while it works: each request as it starts.
+    names = [m.shape.name for m in report.measurements]
+    assert heard == [f"verify: request {i}/{len(names)} {m.shape.name} ({m.shape.input_tokens} "
+                     f"in, {m.shape.output_tokens} out)"
+                     for i, m in enumerate(report.measurements, 1)], heard
     assert_rates(report)
     assert {m.via for m in report.measurements} == {"direct"}
     # Exactly the shape is sent: 5280 input ids (the e2e floor above shows the router passed
