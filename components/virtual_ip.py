@@ -11,12 +11,17 @@ import pulumi_docker as docker
 
 from .config import ClusterConfig
 from .containers import node_container
+from .door import Door
 from .gates import HealthGate
 from .node import Node
-from .render import (keepalived_config, keepalived_plan, remove_virtual_ip_files_command,
-                     virtual_ip_spec, write_keepalived_config_command)
+from .render import (
+    keepalived_config,
+    keepalived_plan,
+    remove_virtual_ip_files_command,
+    virtual_ip_spec,
+    write_keepalived_config_command,
+)
 from .render.keepalived import KEEPALIVED_STOP_GRACE_SECONDS
-from .door import Door
 
 
 class VirtualIp(pulumi.ComponentResource):

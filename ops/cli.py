@@ -17,20 +17,20 @@ from pulumi import automation as auto
 from rich.console import Console
 from rich.live import Live
 
-from . import DEGRADED, DOWN, OK, USAGE
+from . import DEGRADED, DOWN, OK, USAGE, reconcile_cli
 from . import logs as logs_command
 from . import orphans as orphans_command
-from . import reconcile_cli
 from . import status as status_command
 from . import verify as verify_command
-from .arguments import common as _common, positive as _positive
-from .node_out import OutUpdate
-from .stack_engine import StackEngine
+from .arguments import common as _common
+from .arguments import positive as _positive
 from .heal_policy import Memory
-from .reconcile import default_state_file, load_memory
+from .node_out import OutUpdate
 from .probe import VIA_CHOICES, Prober
+from .reconcile import default_state_file, load_memory
 from .remote import RemoteError, SshTransport, Transport
 from .stack import Access, PulumiCli, Stack, StackError, load_stack
+from .stack_engine import StackEngine
 
 EXIT_CODES = (f"exit codes: {OK} all serve / all pass, {DEGRADED} degraded / regression / "
               f"something not collected, {DOWN} stack down (serving false, no outputs) or "

@@ -18,6 +18,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from components.render import slot_check_path
+
 from .probe import HttpAnswer, Prober, settled
 from .remote import RemoteError, Transport
 from .stack import Door, Slot
@@ -257,12 +259,6 @@ class DoorReport:
                 "slots": [slot.as_json() for slot in self.slots], "problems": self.problems}
 
 
-def check_path(router_kind: str) -> str:
-    """What the door asks a slot (its httpchk): the rust router's /readiness (a healthy prefill
-    and decode registered), MiniLB's /health (it has no readiness)."""
-    return "/readiness" if router_kind == "rust" else "/health"
-
-
 class DoorProbes:
     """The door's probes, submitted to the status's pool with the rest, read once it is done."""
 
@@ -292,7 +288,7 @@ class DoorProbes:
                    or {door.node: door.admin_socket})
         self.stats = {node: pool.submit(self._show_stat, node, socket)
                       for node, socket in sockets.items()}
-        path = check_path(self.router_kind)
+        path = slot_check_path(self.router_kind)
         self.readiness = {slot.name: pool.submit(self.prober.get, slot.url.rstrip("/") + path,
                                                  door.node) for slot in door.slots}
         self.workers = {
@@ -331,7 +327,7 @@ class DoorProbes:
                             stat_errors, membership,
                             doors={node.address: containers.get(node.door_role, "unknown")
                                    for node in door.nodes})
-        path = check_path(self.router_kind)
+        path = slot_check_path(self.router_kind)
         for slot in door.slots:
             report.slots.append(self._slot(slot, containers.get(slot.role, "unknown"), stats,
                                            path))

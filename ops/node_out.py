@@ -22,7 +22,6 @@ from .stack_engine import StackEngine
 from .state_urns import DOCKER_PROVIDER, docker_host_address
 
 
-
 @dataclass(frozen=True)
 class StateResource:
     urn: str

@@ -23,10 +23,25 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from . import status as status_command
-from .heal_policy import (MESSAGE_PREFIX, REFUSED, SERVING, WAITING, Decision, Limits, Memory,
-                          assess, breakages, engine_checks, finish_heal, forget_heal,
-                          locked, missing_from_slots, note_lost_nodes, start_heal,
-                          unreachable_nodes)
+from .heal_policy import (
+    MESSAGE_PREFIX,
+    REFUSED,
+    SERVING,
+    WAITING,
+    Decision,
+    Limits,
+    Memory,
+    assess,
+    breakages,
+    engine_checks,
+    finish_heal,
+    forget_heal,
+    locked,
+    missing_from_slots,
+    note_lost_nodes,
+    start_heal,
+    unreachable_nodes,
+)
 from .probe import Prober
 from .remote import RemoteError, Transport
 from .stack import Access, Stack, StackError

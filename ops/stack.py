@@ -16,8 +16,15 @@ from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
-from components.config import (CONFIG_NAMESPACE, ConfigError, ConnectionSpec, NodeSpec,
-                               VerificationSpec, load_cluster_config)
+from components.config import (
+    CONFIG_NAMESPACE,
+    ConfigError,
+    ConnectionSpec,
+    NodeSpec,
+    VerificationSpec,
+    load_cluster_config,
+)
+from components.config.router_schema import DEFAULT_ROUTER_KIND
 from components.render import DOOR, MOONCAKE_MASTER, ROUTER, container_roles, rank_role, slot_role
 
 REPO = Path(__file__).resolve().parent.parent
@@ -307,7 +314,7 @@ class Stack:
     # The config's `serving` (false: nothing is meant to run, even before an `up` applies it).
     serving_config: bool = True
     # router.kind (the schema's default when the config does not say).
-    router_kind: str = "mini-lb"
+    router_kind: str = DEFAULT_ROUTER_KIND
     # router.door.tls of the config, when there is one: what the door's certificate is checked
     # against (the CA is not among the outputs).
     door_tls: DoorTlsConfig | None = None
@@ -469,5 +476,5 @@ def load_stack(stack: str | None, cwd: Path = REPO, outputs_file: Path | None = 
                  roles_problem=roles_problem,
                  router_api_key=router_key,
                  serving_config=values.get("serving", True) not in (False, "false"),
-                 router_kind=str(router_config(values).get("kind") or "mini-lb"),
+                 router_kind=str(router_config(values).get("kind") or DEFAULT_ROUTER_KIND),
                  door_tls=door_tls_from_config(values))

@@ -23,8 +23,8 @@ import yaml
 from pulumi import automation as auto
 
 from .heal_policy import UpdateEntry
-from .state_urns import container_urns
 from .stack import REPO
+from .state_urns import container_urns
 
 
 class StackLocked(Exception):

@@ -24,6 +24,9 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from components.config.router_schema import DEFAULT_ROUTER_KIND
+from components.render import GENERATION_LABEL
+
 from . import DEGRADED, DOWN, OK
 from .door import AtDoor, DoorProbes, DoorReport, serving_at_door
 from .probe import HttpAnswer, Prober, Tls, settled, tls_check
@@ -31,7 +34,6 @@ from .remote import CommandTimeout, RemoteError, Transport
 from .stack import ContainerRef, Stack, Topology
 from .virtual_ip import VirtualIpProbes, VirtualIpReport
 
-GENERATION_LABEL = "kimipd.restart-generation"
 # The whole path: one token through the router (prefill, KV hand-off, decode).
 PATH_PROBE_BODY = {"text": "ping", "sampling_params": {"max_new_tokens": 1, "ignore_eos": True}}
 
@@ -363,7 +365,7 @@ def container_state(docker: Docker) -> str:
 
 def collect(topology: Topology, transport: Transport, prober: Prober, timeout: float,
             generate_timeout: float, api_key: str | None = None,
-            router_kind: str = "mini-lb") -> Report:
+            router_kind: str = DEFAULT_ROUTER_KIND) -> Report:
     """API_KEY: the rust router's (the routerApiKey secret), sent with the whole-path probe and,
     with the door, each slot's GET /workers. ROUTER_KIND (router.kind of the config): what the
     door asks a slot, and whether a slot has a worker API."""

@@ -17,12 +17,17 @@ never `pulumi.Config`. Where to look:
 
 from .base import ConfigError
 from .cluster_config import ClusterConfig
-from .load import (CONFIG_NAMESPACE, SECRET_KEYS, load_cluster_config, read_stack_file,
-                   stack_file_values)
+from .load import (
+                   CONFIG_NAMESPACE,
+                   SECRET_KEYS,
+                   load_cluster_config,
+                   read_stack_file,
+                   stack_file_values,
+)
 from .messages import shown_value
+from .placeholders import placeholder_refusals
 from .rules.runbook import MOONCAKE_WHEEL_PREFIX, parse_mooncake_version
 from .schema import ConnectionSpec, GroupSpec, NodeFileSpec, NodeSpec, VerificationSpec
-from .placeholders import placeholder_refusals
 from .warnings import config_warnings, out_node_notes
 
 __all__ = [

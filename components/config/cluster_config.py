@@ -9,13 +9,26 @@ from pydantic import Field, field_validator, model_validator
 
 from .base import Model
 from .grammars import checked_image_reference
+from .router_schema import SLOT_NAMES, RouterSpec
 from .rules import RULES
 from .rules.ports import PortBinding
 from .rules.runbook import MOONCAKE_VERSION
-from .router_schema import SLOT_NAMES, RouterSpec
-from .schema import (ConnectionSpec, ContainerSpec, FirewallSpec, GatesSpec, GroupSpec, MetricsSpec,
-                     ModelSpec, MooncakeMasterSpec, NetworkSpec, NodeFileSpec, NodeSpec,
-                     PreflightSpec, SmokeTestSpec, VerificationSpec)
+from .schema import (
+    ConnectionSpec,
+    ContainerSpec,
+    FirewallSpec,
+    GatesSpec,
+    GroupSpec,
+    MetricsSpec,
+    ModelSpec,
+    MooncakeMasterSpec,
+    NetworkSpec,
+    NodeFileSpec,
+    NodeSpec,
+    PreflightSpec,
+    SmokeTestSpec,
+    VerificationSpec,
+)
 
 
 class ClusterConfig(Model):

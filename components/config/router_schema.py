@@ -11,10 +11,12 @@ from pydantic import Field, field_validator
 from .base import Model
 from .grammars import checked_image_reference, checked_ipv4
 
-
 RouterPolicy = Literal["random", "round_robin", "cache_aware", "power_of_two"]
 
 SLOT_NAMES = ("a", "b")
+RouterKind = Literal["mini-lb", "rust"]
+# The runbook's router, when a stack does not say (ops reads the same default: ops/stack.py).
+DEFAULT_ROUTER_KIND: RouterKind = "mini-lb"
 
 
 class RouterSlotSpec(Model):
@@ -136,7 +138,7 @@ class RouterSpec(Model):
     # `mini-lb`: SGLang's MiniLB (a fixed worker list, random choice, no retries, no health
     # checks, no worker API). `rust`: sglang-router's own router, whose worker API lets the
     # program drain a group before it is replaced and admit it once its gate passes.
-    kind: Literal["mini-lb", "rust"] = "mini-lb"
+    kind: RouterKind = DEFAULT_ROUTER_KIND
     policy: RouterPolicy = "random"
     # rust only; unset: `policy`. Decode round_robin: a retry after a dead decode goes to the
     # next group, where random or cache_aware may pick the dead one again (docs/decisions.md).

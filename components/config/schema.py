@@ -11,8 +11,14 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from .base import Model
-from .grammars import (CAPABILITIES, checked_ipv4, ULIMIT_NAMES, absolute_path, did_you_mean,
-                       host_key_problem)
+from .grammars import (
+    CAPABILITIES,
+    ULIMIT_NAMES,
+    absolute_path,
+    checked_ipv4,
+    did_you_mean,
+    host_key_problem,
+)
 
 
 class NodeSpec(Model):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .cluster_config import ClusterConfig
 from ..cli_spec import sglang_table
+from .cluster_config import ClusterConfig
 
 FLASH_KDA_WHEEL_PREFIX = "flash_kda"
 # SGLang uses flash_kda only when a linear-attention backend flag selects it (default: triton).

@@ -11,35 +11,104 @@ prepared image), `prometheus.py`, `firewall.py` (each node's nftables table), `k
 `layout.py` where things live on a node and `roles.py` every container role a config defines.
 """
 
-from .container_plan import ContainerPlan, container_labels, container_mounts, env_list
-from .door import (DOOR, door_admin_socket, door_bridge_command, door_bridge_retire_command,
-                   door_ca_file, door_haproxy_config, door_plan, door_spec, door_url,
-                   remove_door_files_command, slot_role, slot_server, slot_url,
-                   write_door_config_command, write_door_tls_command)
-from .firewall import (firewall_apply_command, firewall_remove_command, firewall_ruleset,
-                       firewall_table)
-from .keepalived import (door_check_file, keepalived_config, keepalived_config_file,
-                         keepalived_plan, keepalived_state_file, remove_virtual_ip_files_command,
-                         virtual_ip_dir, virtual_ip_spec, write_keepalived_config_command)
+from .container_plan import (
+                             GENERATION_LABEL,
+                             ContainerPlan,
+                             container_labels,
+                             container_mounts,
+                             env_list,
+)
+from .door import (
+                             DOOR,
+                             door_admin_socket,
+                             door_bridge_command,
+                             door_bridge_retire_command,
+                             door_ca_file,
+                             door_haproxy_config,
+                             door_plan,
+                             door_spec,
+                             door_url,
+                             remove_door_files_command,
+                             slot_check_path,
+                             slot_role,
+                             slot_server,
+                             slot_url,
+                             write_door_config_command,
+                             write_door_tls_command,
+)
+from .firewall import (
+                             firewall_apply_command,
+                             firewall_remove_command,
+                             firewall_ruleset,
+                             firewall_table,
+)
+from .keepalived import (
+                             door_check_file,
+                             keepalived_config,
+                             keepalived_config_file,
+                             keepalived_plan,
+                             keepalived_state_file,
+                             remove_virtual_ip_files_command,
+                             virtual_ip_dir,
+                             virtual_ip_spec,
+                             write_keepalived_config_command,
+)
 from .layout import MOONCAKE_MASTER, NODE_ASSET_DIR, NODE_SCRIPTS, ROUTER, rank_role
-from .roles import container_roles
-from .membership import (admit_command, drain_command, restore_command, router_ready_command,
-                         slot_admit_command, slot_door_admit_command, slot_door_drain_command,
-                         slot_drain_command, slot_unwant_command,
-                         slot_want_command, unwant_command, want_command)
+from .membership import (
+                             admit_command,
+                             drain_command,
+                             restore_command,
+                             router_ready_command,
+                             slot_admit_command,
+                             slot_door_admit_command,
+                             slot_door_drain_command,
+                             slot_drain_command,
+                             slot_unwant_command,
+                             slot_want_command,
+                             unwant_command,
+                             want_command,
+)
 from .mooncake_master import mooncake_master_address, mooncake_master_command, mooncake_master_plan
-from .node_files import (prepare_dirs_command, prepare_image_command, prepared_image_id,
-                         prepared_image_tag)
-from .node_scripts import (bootstrap_url, connection_ssh_opts, docker_ssh_opts,
-                           image_env_check_command, preflight_command, wait_bootstrap_command,
-                           wait_healthy_command)
+from .node_files import (
+                             prepare_dirs_command,
+                             prepare_image_command,
+                             prepared_image_id,
+                             prepared_image_tag,
+)
+from .node_scripts import (
+                             bootstrap_url,
+                             connection_ssh_opts,
+                             docker_ssh_opts,
+                             image_env_check_command,
+                             preflight_command,
+                             wait_bootstrap_command,
+                             wait_healthy_command,
+)
 from .prometheus import prometheus_targets
-from .router import (router_api_key_file, router_auth_header_file, router_command, router_plan,
-                     router_slots, router_url,
-                     smoke_test_command, smoke_test_text, write_api_key_command)
-from .sglang import (group_endpoint, remove_worker_key_command, sglang_command, sglang_env,
-                     sglang_launch_args, sglang_rank_plan, variables_set_in_every_container,
-                     worker_key_file, worker_key_yaml, write_worker_key_command)
+from .roles import container_roles
+from .router import (
+                             router_api_key_file,
+                             router_auth_header_file,
+                             router_command,
+                             router_plan,
+                             router_slots,
+                             router_url,
+                             smoke_test_command,
+                             smoke_test_text,
+                             write_api_key_command,
+)
+from .sglang import (
+                             group_endpoint,
+                             remove_worker_key_command,
+                             sglang_command,
+                             sglang_env,
+                             sglang_launch_args,
+                             sglang_rank_plan,
+                             variables_set_in_every_container,
+                             worker_key_file,
+                             worker_key_yaml,
+                             write_worker_key_command,
+)
 
 __all__ = [
     "container_roles",
@@ -59,6 +128,7 @@ __all__ = [
     "slot_door_drain_command",
     "slot_drain_command",
     "slot_role",
+    "slot_check_path",
     "slot_server",
     "slot_unwant_command",
     "slot_url",
@@ -81,6 +151,7 @@ __all__ = [
     "write_api_key_command",
     "bootstrap_url",
     "container_labels",
+    "GENERATION_LABEL",
     "container_mounts",
     "connection_ssh_opts",
     "docker_ssh_opts",

@@ -7,6 +7,10 @@ from dataclasses import dataclass
 from ..config import ClusterConfig
 from .layout import NODE_ASSET_DIR, container_name
 
+# The stack's restart generation on every container: what `kimipd status` compares with the
+# stack's output to tell a pending `up` (ops/status.py).
+GENERATION_LABEL = "kimipd.restart-generation"
+
 
 def container_labels(cfg: ClusterConfig, role: str,
                      group_name: str | None = None) -> dict[str, str]:
@@ -14,7 +18,7 @@ def container_labels(cfg: ClusterConfig, role: str,
     # the global one on every container, a group's own on that group's ranks.
     labels = {
         "kimipd.role": role,
-        "kimipd.restart-generation": str(cfg.restart_generation),
+        GENERATION_LABEL: str(cfg.restart_generation),
     }
     if group_name is not None:
         labels |= {"kimipd.group": group_name,

@@ -99,10 +99,12 @@ def slot_server_address(cfg: ClusterConfig, slot: str) -> str:
     return f"{host}:{slot_port(cfg, slot)}"
 
 
-def slot_check_path(cfg: ClusterConfig) -> str:
-    # The rust router's /readiness is 200 once it has a healthy prefill and decode (and needs no
-    # key); MiniLB has no readiness, its /health is liveness.
-    return "/readiness" if cfg.router.kind == "rust" else "/health"
+def slot_check_path(cfg: ClusterConfig | str) -> str:
+    """What the door asks a slot (its httpchk), for CFG's router kind (or the kind itself, as
+    `kimipd status` knows it): the rust router's /readiness is 200 once it has a healthy prefill
+    and decode (and needs no key); MiniLB has no readiness, its /health is liveness."""
+    kind = cfg if isinstance(cfg, str) else cfg.router.kind
+    return "/readiness" if kind == "rust" else "/health"
 
 
 def door_haproxy_config(cfg: ClusterConfig) -> str:

@@ -6,17 +6,29 @@ are reported in (the model validator of ClusterConfig runs them all and reports 
 
 from .door import door_nodes_are_members, virtual_ip_is_free
 from .extra_args import extra_args_parse, tokenizer_workers_with_keys
-from .firewall import open_ports_serve_nothing
-from .kv_contract import prefill_and_decode_agree
 from .files import model_reachable, mount_points_distinct, node_files_distinct
+from .firewall import open_ports_serve_nothing
 from .gates import gate_polls_twice
+from .kv_contract import prefill_and_decode_agree
 from .ports import ports_do_not_collide
 from .router import router_policy, rust_only_keys
-from .runbook import (compute_network_only, mooncake_new_enough, no_expandable_segments,
-                      no_nixl, restart_only_by_the_program)
-from .topology import (both_modes_present, duplicate_nodes, gpus_per_node, group_names,
-                       group_shape, groups_share_no_node_per_mode,
-                       out_nodes_keep_the_cluster_serving, unknown_nodes)
+from .runbook import (
+                      compute_network_only,
+                      mooncake_new_enough,
+                      no_expandable_segments,
+                      no_nixl,
+                      restart_only_by_the_program,
+)
+from .topology import (
+                      both_modes_present,
+                      duplicate_nodes,
+                      gpus_per_node,
+                      group_names,
+                      group_shape,
+                      groups_share_no_node_per_mode,
+                      out_nodes_keep_the_cluster_serving,
+                      unknown_nodes,
+)
 
 RULES = (
     unknown_nodes,
