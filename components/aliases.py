@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import pulumi
 
+from .render import CLUSTER_TYPE
+
 
 def component_urn(type_: str, name: str) -> str:
     return (f"urn:pulumi:{pulumi.get_stack()}::{pulumi.get_project()}::"
-            f"kimipd:cluster:Cluster${type_}::{name}")
+            f"{CLUSTER_TYPE}${type_}::{name}")
 
 
 def old_router_urn() -> str:

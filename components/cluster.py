@@ -11,6 +11,7 @@ from .membership import Membership
 from .mooncake import MooncakeMaster
 from .node import Node
 from .render import (
+    CLUSTER_TYPE,
     door_admin_socket,
     door_check_file,
     door_plan,
@@ -48,7 +49,7 @@ class Cluster(pulumi.ComponentResource):
                  router_api_key: pulumi.Input[str] | None = None,
                  door_tls_key: pulumi.Input[str] | None = None,
                  opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("kimipd:cluster:Cluster", name, None, opts)
+        super().__init__(CLUSTER_TYPE, name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         # A node taken out (`nodes[].out`) gets no resource and its groups none: nothing here
         # dials it. `scripts/kimipd up` drops what the state still holds of it (ops/node_out.py).

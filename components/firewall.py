@@ -9,7 +9,13 @@ import pulumi
 import pulumi_command as command
 
 from .config import ClusterConfig
-from .render import firewall_apply_command, firewall_remove_command, firewall_ruleset
+from .render import (
+    NODE_FIREWALL_TYPE,
+    firewall_apply_command,
+    firewall_remove_command,
+    firewall_resource_name,
+    firewall_ruleset,
+)
 
 
 class NodeFirewall(pulumi.ComponentResource):
@@ -21,10 +27,10 @@ class NodeFirewall(pulumi.ComponentResource):
                  connection: command.remote.ConnectionArgsDict,
                  wait_for: Sequence[pulumi.Resource],
                  opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("kimipd:firewall:NodeFirewall", f"{node_name}-firewall", None, opts)
+        super().__init__(NODE_FIREWALL_TYPE, f"{node_name}-firewall", None, opts)
         apply = firewall_apply_command(cfg)
         self.rules = command.remote.Command(
-            f"{node_name}-nftables",
+            firewall_resource_name(address),
             connection=connection,
             create=apply,
             update=apply,

@@ -11,6 +11,7 @@ from .config import ClusterConfig, ConnectionSpec, NodeSpec
 from .firewall import NodeFirewall
 from .render import (
     NODE_SCRIPTS,
+    NODE_TYPE,
     docker_ssh_opts,
     image_env_check_command,
     preflight_command,
@@ -56,7 +57,7 @@ class Node(pulumi.ComponentResource):
                  private_key: pulumi.Input[str] | None, host_key: str | None,
                  opts: pulumi.ResourceOptions | None = None) -> None:
         name = node.resource_name
-        super().__init__("kimipd:node:Node", name, None, opts)
+        super().__init__(NODE_TYPE, name, None, opts)
         self.resource_name = name
         child = pulumi.ResourceOptions(parent=self)
         self.address = node.address

@@ -17,7 +17,7 @@ from pulumi import automation as auto
 from rich.console import Console
 from rich.live import Live
 
-from . import DEGRADED, DOWN, OK, USAGE, reconcile_cli
+from . import DEGRADED, DOWN, OK, USAGE, reconcile_cli, status_render
 from . import logs as logs_command
 from . import orphans as orphans_command
 from . import status as status_command
@@ -237,7 +237,7 @@ def run_status(args: argparse.Namespace, stack: Stack, transport: Transport) -> 
         if args.json:
             print(json.dumps(report.as_json(), indent=2))
         else:
-            out.print(status_command.render(report))
+            out.print(status_render.render(report))
         return report.exit_code
     code = DOWN
     try:
@@ -250,7 +250,7 @@ def run_status(args: argparse.Namespace, stack: Stack, transport: Transport) -> 
         with Live(console=out, auto_refresh=False) as live:
             while True:
                 report = once()
-                live.update(status_command.render(report), refresh=True)
+                live.update(status_render.render(report), refresh=True)
                 code = report.exit_code
                 time.sleep(args.interval)
     except KeyboardInterrupt:

@@ -305,7 +305,7 @@ class Stack:
     topology: Topology
     access: Access
     verification: VerificationSpec
-    # Every container role the config defines (components/render/roles.py); none when the
+    # Every container role the config defines (components/render/naming.py); none when the
     # config does not validate, and why (`roles_problem`).
     roles: frozenset[str] = frozenset()
     roles_problem: str | None = None
@@ -381,7 +381,7 @@ def access_from_config(values: Mapping[str, Any], private_key: str | None = None
 
 def roles_from_config(values: Mapping[str, Any]) -> tuple[frozenset[str], str | None]:
     """Every container role the config defines, as the program names them
-    (components/render/roles.py), or none and why, when the config does not validate: then no
+    (components/render/naming.py), or none and why, when the config does not validate: then no
     container can be judged this stack's."""
     try:
         return container_roles(load_cluster_config(values)), None

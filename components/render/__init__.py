@@ -8,7 +8,8 @@ thing rendered: `sglang.py`, `router.py` (and the smoke test), `mooncake_master.
 prepared image), `prometheus.py`, `firewall.py` (each node's nftables table), `keepalived.py`
 (the door's virtual IP on two nodes);
 `container_plan.py` is what docker is told about any container,
-`layout.py` where things live on a node and `roles.py` every container role a config defines.
+`layout.py` where things live on a node and `naming.py` the roles, types and URNs that ops
+must spell as the program does.
 """
 
 from .container_plan import (
@@ -69,6 +70,15 @@ from .membership import (
                              want_command,
 )
 from .mooncake_master import mooncake_master_address, mooncake_master_command, mooncake_master_plan
+from .naming import (
+                             CLUSTER_TYPE,
+                             NODE_FIREWALL_TYPE,
+                             NODE_TYPE,
+                             container_roles,
+                             firewall_resource_name,
+                             firewall_urn,
+                             node_resource_name,
+)
 from .node_files import (
                              prepare_dirs_command,
                              prepare_image_command,
@@ -85,7 +95,6 @@ from .node_scripts import (
                              wait_healthy_command,
 )
 from .prometheus import prometheus_targets
-from .roles import container_roles
 from .router import (
                              router_api_key_file,
                              router_auth_header_file,
@@ -111,7 +120,13 @@ from .sglang import (
 )
 
 __all__ = [
+    "CLUSTER_TYPE",
     "container_roles",
+    "firewall_resource_name",
+    "firewall_urn",
+    "NODE_FIREWALL_TYPE",
+    "node_resource_name",
+    "NODE_TYPE",
     "DOOR",
     "door_admin_socket",
     "door_bridge_command",

@@ -18,7 +18,8 @@ from ops.door import RUNTIME_API_SCRIPT, RuntimeApiError, parse_show_stat, servi
 from ops.probe import Prober, tls_check
 from ops.remote import RemoteResult
 from ops.stack import Topology
-from ops.status import collect, render
+from ops.status import collect
+from ops.status_render import render
 from ops.verify import run as verify_run
 from tests.ops.door_fakes import KEY, ROUTER_NODE, DoorStack, show_stat
 

@@ -18,7 +18,8 @@ from rich.console import Console
 from ops import DEGRADED, DOWN, OK
 from ops.probe import Prober
 from ops.stack import Topology, VirtualIp
-from ops.status import collect, render
+from ops.status import collect
+from ops.status_render import render
 from ops.virtual_ip import (ABSENT, UNKNOWN, VipNode, holders_verdict, holds_address,
                             keepalived_state, node_problems, virtual_ip_report)
 from tests.ops.door_fakes import (KEY, OTHER_DOOR, OTHER_DOOR_NODE, OTHER_KEEPALIVED,

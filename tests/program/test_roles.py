@@ -1,4 +1,4 @@
-"""The roles `kimipd orphans` judges by (components/render/roles.py, read by ops/stack.py) are the
+"""The roles `kimipd orphans` judges by (components/render/naming.py, read by ops/stack.py) are the
 ones the program labels its containers with: every shipped stack under Pulumi's mocks."""
 
 from __future__ import annotations
