@@ -208,8 +208,11 @@ class SshTransport:
                 if channel.recv_stderr_ready():
                     stderr += channel.recv_stderr(65536)
                     busy = True
-                if (channel.exit_status_ready() and not channel.recv_ready()
-                        and not channel.recv_stderr_ready()):
+                # The end is the channel's EOF, not the exit status: sshd sends that when the
+                # command exits, maybe before its last output (a child holding stdout, a pipe
+                # not yet drained); read only to it, a busy node's `docker inspect` was cut.
+                if (channel.exit_status_ready() and channel.eof_received
+                        and not channel.recv_ready() and not channel.recv_stderr_ready()):
                     break
                 if time.monotonic() > deadline:
                     raise CommandTimeout(f"ssh {node}: `{_short(command)}` did not finish within "
