@@ -157,6 +157,32 @@ def test_a_stranger_reaches_only_ssh_and_the_door_on_both_door_nodes(
         assert ROUTER_API_KEY.encode() not in path.read_bytes(), path
 
 
+def test_orphans_finds_a_keepalived_and_a_door_the_state_does_not_know(
+        sim: SimCluster, project: Project) -> None:
+    """What a killed `up` can leave on the other door node: its keepalived and its door, under
+    their roles (components/render/naming.py) and names of their own (the real ones run);
+    `kimipd orphans` names both and nothing else, and removes only them."""
+    image = sim.image
+    left = {"left-keepalived": "keepalived-10-231-60-7", "left-door": "door-10-231-60-7"}
+    for name, role in left.items():
+        made = sim.docker(OTHER_DOOR_NODE, "create", "--name", name, "--label",
+                          f"kimipd.role={role}", "--network", "none", "--entrypoint", "true",
+                          image)
+        assert made.returncode == 0, made.stderr
+    try:
+        listing = kimipd(project, STACK, "orphans", "--json")
+        report = json.loads(listing.stdout)
+        assert listing.returncode == 1, listing.stdout + listing.stderr
+        assert sorted((o["container"], o["role"], o["node"]) for o in report["orphans"]) == sorted(
+            (name, role, OTHER_DOOR_NODE) for name, role in left.items()), report
+        removed = kimipd(project, STACK, "orphans", "--remove", "--json")
+        assert removed.returncode == 0, removed.stdout + removed.stderr
+        assert not {name for name in left
+                    if sim.docker(OTHER_DOOR_NODE, "inspect", name).returncode == 0}
+    finally:
+        sim.docker(OTHER_DOOR_NODE, "rm", "-f", *left)
+
+
 def test_a_router_only_change_rolls_the_slots_one_at_a_time_and_fails_nothing(
         stack: auto.Stack, sim: SimCluster, project: Project) -> None:
     router = current_values(project)["router"] | {"extraArgs": ["--log-level", "warn"]}
