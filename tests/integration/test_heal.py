@@ -276,9 +276,12 @@ class TestFrozenRank:
         decode-b's containers by name (`up --replace`), with no person. The three share one
         service (`frozen_service`): each reads what was logged after it began."""
         log = frozen_service["log.jsonl"]
-        since = len(decisions(log))
-        wait_until(lambda: [d for d in decisions(log, since) if d.get("decision") == "healthy"],
+        started = len(decisions(log))
+        wait_until(lambda: [d for d in decisions(log, started) if d.get("decision") == "healthy"],
                    120, "a healthy pass")
+        # What this test judges: what the service logs once every unit served (not a heal of
+        # something an earlier test left broken).
+        since = len(decisions(log))
         before = container_ids(sim)
         node, container = DECODE["decode-b"][rank], f"kimipd-decode-b-r{rank}"
 
