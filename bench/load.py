@@ -32,6 +32,10 @@ class Answer:
     # (the body broke off), incomplete (a stream without `data: [DONE]`, an answer without
     # text), or the exception's name; "" when nothing went wrong on the wire.
     error: str = ""
+    # The sim's oracle (sim/standin/sglang_standin/contract.py): the decode that answered got KV
+    # from a prefill of another KV contract and marked its answer. Real SGLang would not say so;
+    # its text would be silently wrong.
+    mixed: bool = False
 
     @property
     def ok(self) -> bool:
@@ -97,9 +101,15 @@ def generate(url: str, api_key: str | None, tokens: int, streamed: bool,
                 response.close()
         if status == 200 and not ("data: [DONE]" in text if streamed else '"text"' in text):
             error = "incomplete"
+        mixed = status == 200 and MIXED_MARK in text
     except (OSError, http.client.HTTPException) as failure:
-        error = error_kind(failure)
-    return Answer(sent, time.monotonic(), streamed, status, error)
+        error, mixed = error_kind(failure), False
+    return Answer(sent, time.monotonic(), streamed, status, error, mixed)
+
+
+# The key a decode stand-in adds to its answer's meta_info when the KV came from a prefill of
+# another contract.
+MIXED_MARK = '"kv_contract_mismatch"'
 
 
 def percentile(values: list[float], share: float) -> float | None:
@@ -150,11 +160,16 @@ class Load:
         is a failure)."""
         return [answer for answer in self.results if answer.sent >= since and not answer.ok]
 
+    def mixed(self) -> list[Answer]:
+        """The answers a decode marked as made from another contract's KV (Answer.mixed)."""
+        return [answer for answer in self.results if answer.mixed]
+
     def summary(self, what: str) -> str:
         outcomes = Counter(answer.outcome for answer in self.failed())
         streamed = " (half streamed)" if self.streams else ""
+        mixed = f", {len(self.mixed())} of mixed KV contracts" if self.mixed() else ""
         return (f"{what}: {len(self.answers)} requests{streamed}, {len(self.failed())} failed "
-                f"{dict(outcomes) or ''}").rstrip()
+                f"{dict(outcomes) or ''}").rstrip() + mixed
 
     def __enter__(self) -> Load:
         self._clock.start()

@@ -321,3 +321,17 @@ def test_a_scenario_records_the_load_the_door_and_the_groups_while_it_acts(
     assert timeline.seconds >= done + 0.299 and len(timeline.requests) == row["sent"]
     assert len(timeline.door) >= 3 and {up for _, up in timeline.door} == {1}
     assert {(p, d) for _, p, d in timeline.groups} == {(1, 1)}
+
+
+def test_an_answer_made_from_another_contracts_kv_is_counted_as_mixed() -> None:
+    """The sim's oracle: a decode stand-in marks such an answer in its meta_info, streamed or
+    not; the load counts it, whatever its status says."""
+    body = (b'data: {"text": "x", "meta_info": {"kv_contract_mismatch": {"prefill": "a", '
+            b'"decode": "b"}}}\n\ndata: [DONE]\n\n')
+    got, _ = answered_once(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s"
+                           % (len(body), body))
+    assert got.ok and got.mixed, got
+    body = b'data: {"text": "x", "meta_info": {}}\n\ndata: [DONE]\n\n'
+    got, _ = answered_once(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s"
+                           % (len(body), body))
+    assert got.ok and not got.mixed, got
