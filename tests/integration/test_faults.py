@@ -220,6 +220,18 @@ def test_up_interrupted_while_a_gate_waits_recovers(stack: auto.Stack, project: 
     if signal_name == "SIGKILL":
         with pytest.raises(auto.CommandError) as locked:
             stack.up()
+        if "failed to load checkpoint: EOF" in str(locked.value):
+            # The kill landed while the file backend rewrote the checkpoint's attributes file,
+            # which it writes in place (the checkpoint itself goes by rename): an empty
+            # STACK.json.attrs. Removing it is the recovery (docs/troubleshooting.md); the lock
+            # is then what refuses the next `up`, as after any kill.
+            empty = [path for path in project.state.rglob("faults.json*.attrs")
+                     if path.stat().st_size == 0]
+            assert empty, str(locked.value)
+            for path in empty:
+                path.unlink()
+            with pytest.raises(auto.CommandError) as locked:
+                stack.up()
         assert "locked" in str(locked.value)
         stack.cancel()
         # Containers the killed run had created are not in the state; with fixed names the next
