@@ -30,7 +30,7 @@ from .probe import VIA_CHOICES, Prober
 from .reconcile import default_state_file, load_memory
 from .remote import RemoteError, SshTransport, Transport
 from .stack import Access, PulumiCli, Stack, StackError, load_stack
-from .stack_engine import StackEngine
+from .stack_engine import StackEngine, engine_error_hint
 
 EXIT_CODES = (f"exit codes: {OK} all serve / all pass, {DEGRADED} degraded / regression / "
               f"something not collected, {DOWN} stack down (serving false, no outputs) or "
@@ -188,6 +188,9 @@ def run_engine(args: argparse.Namespace) -> int:
         return update.up(args.diff, args.yes, args.message)
     except (StackError, auto.CommandError) as error:
         print(f"kimipd {args.command}: {str(error).strip()[-2000:]}", file=sys.stderr)
+        hint = engine_error_hint(str(error))
+        if hint is not None:
+            print(f"kimipd {args.command}: {hint}", file=sys.stderr)
         return DOWN
 
 

@@ -170,3 +170,16 @@ class StackEngine:
         except auto.CommandError as error:
             raise HealFailed(str(error), failures_from_events(events)) from None
         return {op: count for op, count in (result.summary.resource_changes or {}).items()}
+
+
+def engine_error_hint(message: str) -> str | None:
+    """What to do about an engine error an operator cannot read off its text, or None."""
+    if "failed to load checkpoint: EOF" in message:
+        # gocloud's file blobs write a checkpoint by rename but its attributes file in place: a
+        # `pulumi` killed at that moment leaves the latter empty, and no command loads the stack.
+        return ("a killed `pulumi` left the stack's checkpoint attributes file empty (a file "
+                "backend's .pulumi/stacks/PROJECT/STACK.json.attrs): remove that empty file (the "
+                "checkpoint STACK.json is whole), then `pulumi cancel` and go on as after any "
+                "killed `up` (docs/troubleshooting.md)")
+    return None
+
