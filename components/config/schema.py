@@ -21,6 +21,12 @@ from .grammars import (
 )
 
 
+def node_resource_name(address: str) -> str:
+    """A node's resources are named after it: node-A-B-C-D (ops names them the same way,
+    through components/render/naming.py)."""
+    return "node-" + address.replace(".", "-")
+
+
 class NodeSpec(Model):
     """One GPU host, reached over SSH."""
 
@@ -55,7 +61,7 @@ class NodeSpec(Model):
 
     @property
     def resource_name(self) -> str:
-        return "node-" + self.address.replace(".", "-")
+        return node_resource_name(self.address)
 
 
 class ModelSpec(Model):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..config.router_schema import SLOT_NAMES
+from ..config.schema import node_resource_name
 from .door import slot_role
 from .layout import MOONCAKE_MASTER, ROUTER, rank_role
 
@@ -23,11 +24,6 @@ CLUSTER_TYPE = "kimipd:cluster:Cluster"
 NODE_TYPE = "kimipd:node:Node"
 NODE_FIREWALL_TYPE = "kimipd:firewall:NodeFirewall"
 COMMAND_TYPE = "command:remote:Command"
-
-
-def node_resource_name(address: str) -> str:
-    """A node's resources are named after it: node-A-B-C-D."""
-    return "node-" + address.replace(".", "-")
 
 
 def firewall_resource_name(address: str) -> str:
