@@ -2,7 +2,7 @@
 front of two keyed rust router slots, 2P2D (Pulumi.sim-2p2d.yaml), under a bounded load of
 10 requests/s, half of them streamed at 26 tokens/s. On the stack test_rollout.py and
 test_heal.py used before (engine.shared_2p2d; test_rollout's restartGeneration bump is the
-every-container change behind the door), healed first, then in order: a router-only change and
+every-container change behind the door), converged first, then in order: a router-only change and
 a SIGKILL of a serving slot healed by refresh + up (what `kimipd reconcile` runs); each fails no
 request. Then the failures bigger than one process: every decode group killed at once and
 healed by `kimipd reconcile --watch` with no person, and a node whose link is cut taken out with
@@ -68,8 +68,8 @@ def stack_file_kept(project: Project) -> Iterator[None]:
 
 @pytest.fixture(scope="module", autouse=True)
 def converged(stack: auto.Stack, project: Project) -> Iterator[None]:
-    """The shared stack as test_heal.py leaves it (decode-a dead past its heal limit) brought
-    back by what `kimipd reconcile` runs (refresh, then up); its groups' URLs read."""
+    """The shared stack as test_heal.py leaves it, brought back by what `kimipd reconcile` runs
+    (refresh, then an up only where something is not as configured); its groups' URLs read."""
     stack.refresh(on_output=print)
     if set(stack.preview().change_summary) - {"same"}:
         stack.up(on_output=print)

@@ -34,6 +34,14 @@ def stack(project: Project, sim: SimCluster) -> Iterator[auto.Stack]:
     stack.destroy()
 
 
+def decode_generation(sim: SimCluster, generation: int) -> dict:
+    """The module's groups with decode's own restartGeneration at GENERATION: a change that
+    replaces decode's two ranks and nothing else."""
+    groups = small_values(sim)["groups"]
+    groups["decode"]["restartGeneration"] = generation
+    return groups
+
+
 def converges(stack: auto.Stack) -> dict:
     result = stack.up()
     assert result.outputs["smokeTest"].value.strip(), "the smoke test returned no text"
@@ -168,7 +176,10 @@ def test_a_missing_image_fails_up_before_any_serving_container_changes(
 
 def test_an_unreachable_node_is_named_and_up_converges_once_it_is_back(
         stack: auto.Stack, project: Project, sim: SimCluster) -> None:
-    project.update_stack("faults", {"restartGeneration": 1})
+    # decode's own generation: an `up` that must reach the node, and replaces decode alone
+    # (the global one replaced every container, the router's slots one at a time, for nothing
+    # this test is about).
+    project.update_stack("faults", {"groups": decode_generation(sim, 1)})
     decode_node = SMALL_NODES[3]  # decode's rank 1 (not the router's node)
     number = int(decode_node.rsplit(".", 1)[1])
     sim.stop_sshd(number)
@@ -182,7 +193,8 @@ def test_an_unreachable_node_is_named_and_up_converges_once_it_is_back(
     converges(stack)
     ids = all_running(sim)
     labels = sim.docker(decode_node, "inspect", "--format",
-                        '{{index .Config.Labels "kimipd.restart-generation"}}', "kimipd-decode-r1")
+                        '{{index .Config.Labels "kimipd.group-restart-generation"}}',
+                        "kimipd-decode-r1")
     assert labels.stdout.strip() == "1" and len(ids) == 8
 
 
@@ -192,12 +204,11 @@ def test_up_interrupted_while_a_gate_waits_recovers(stack: auto.Stack, project: 
     """SIGINT: the CLI cancels gracefully and releases its lock; SIGKILL leaves the lock and
     pending operations: `pulumi cancel`, then `refresh --clear-pending-creates`
     (docs/troubleshooting.md)."""
-    generation = {"SIGINT": 2, "SIGKILL": 3}[signal_name]
-    values = small_values(sim)
+    groups = decode_generation(sim, {"SIGINT": 2, "SIGKILL": 3}[signal_name])
     # Long enough that the signal lands while decode's gate waits (2 s after it starts), short
     # because every later `up` of this module loads decode for as long.
-    values["groups"]["decode"]["env"] = {"SGLANG_STANDIN_LOAD_SECONDS": "10"}
-    project.update_stack("faults", {"restartGeneration": generation, "groups": values["groups"]})
+    groups["decode"]["env"] = {"SGLANG_STANDIN_LOAD_SECONDS": "10"}
+    project.update_stack("faults", {"groups": groups})
     up = UpInBackground(stack)
     up.wait_for_step("decode-r0-health")
     time.sleep(2)
@@ -267,9 +278,12 @@ def test_a_container_the_state_does_not_know_is_removed_with_its_group(
 
 def test_a_second_up_on_the_same_stack_is_refused_by_the_lock(
         stack: auto.Stack, project: Project, sim: SimCluster) -> None:
-    project.update_stack("faults", {"restartGeneration": 4})
+    groups = decode_generation(sim, 4)
+    groups["decode"]["env"] = {"SGLANG_STANDIN_LOAD_SECONDS": "10"}
+    project.update_stack("faults", {"groups": groups})
     first = UpInBackground(stack)
-    first.wait_for_step("mooncake-master")
+    # The first `up` holds the lock from its start to its end; decode's gate is its middle.
+    first.wait_for_step("decode-r0-health")
     with pytest.raises(auto.CommandError) as error:
         stack.up()
     assert "locked" in str(error.value)

@@ -1,0 +1,199 @@
+"""reconcile's decisions through the real engine, on a small 2P2D stack (nodes 9-12, four groups
+of one node behind the rust router and its door: engine.small_2p2d_values), beside the 8-node
+modules: a dry run, a person's recent update, `serving: false` in the config and someone else's
+lock change nothing, and one pass heals a killed group; `reconcile --watch`, started from the
+systemd unit's own ExecStart line and environment file, heals a decode rank killed with SIGKILL
+under load and refuses the second heal of the hour. What needs the two-node groups and the door
+on two nodes (a frozen rank, a whole mode, a lost node) is test_heal.py's and test_door.py's.
+Tests run in file order on one stack."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pulumi import automation as auto
+
+from sim.automation import Project
+from tests.integration.engine import (  # noqa: F401 - fixtures
+    SMALL_ROUTER, container_ids, env, new_stack, project, settled_status, small_2p2d_values,
+    small_sim, status_problems)
+from tests.integration.healing import (
+    PASSPHRASE, command_line, decisions, descendants, heal_under_load, healthy_workers,
+    kill_server, reconcile_once, reconcile_service, wait_exited)
+from tests.integration.sim import SMALL_NODES, SimCluster
+from tests.ops.loopback import wait_until
+
+pytestmark = pytest.mark.timeout(1800)
+
+STACK = "heal-decisions"
+# The group these tests break: decode-b, on the small node that carries nothing else (decode-a's
+# node has the door and both slots too).
+GROUP = "decode-b"
+NODE = SMALL_NODES[3]
+CONTAINER = "kimipd-decode-b-r0"
+
+
+@pytest.fixture(scope="module")
+def stack(project: Project, sim: SimCluster) -> Iterator[auto.Stack]:
+    stack = new_stack(project, sim, STACK, small_2p2d_values(sim))
+    stack.up()
+    yield stack
+    # decode-b stays dead past its limit: the destroy takes a stack with a dead group down too.
+    stack.destroy()
+
+
+@pytest.fixture(scope="module")
+def url(stack: auto.Stack) -> str:
+    """decode-b's rank 0, as the router lists it."""
+    return stack.outputs()["groups"].value[GROUP]["endpoint"]
+
+
+def test_a_dry_run_and_a_recent_update_change_nothing_then_one_pass_heals(
+        stack: auto.Stack, project: Project, sim: SimCluster, url: str, tmp_path: Path) -> None:
+    # The operator's selected stack is another one; reconcile names its stack, never selects.
+    project.stack("bystander")
+    kill_server(sim, NODE, CONTAINER)
+    wait_exited(sim, NODE, CONTAINER)
+    before, history = container_ids(sim), len(stack.history())
+
+    # The fixture's `up` was a person's: hands off for the window, even past the grace.
+    code, line = reconcile_once(project, STACK, tmp_path, "--dry-run", "--grace-seconds", "0")
+    assert (code, line["decision"], line["units"]) == (1, "human-window", [GROUP]), line
+    code, line = reconcile_once(project, STACK, tmp_path, "--dry-run", "--grace-seconds", "0",
+                                "--human-window-minutes", "0")
+    assert (code, line["decision"], line["units"]) == (1, "would-heal", [GROUP]), line
+    assert "exited" in " ".join(line["details"]["problems"][GROUP])
+    assert container_ids(sim) == before, "a dry run changed a container"
+    assert len(stack.history()) == history, "a dry run ran an update"
+    assert not (tmp_path / "once-state.json").exists(), "a dry run wrote its state"
+
+    # The config says the stack should be down (not applied yet): never healed.
+    project.update_stack(STACK, {"serving": False})
+    try:
+        code, line = reconcile_once(project, STACK, tmp_path, "--grace-seconds", "0",
+                                    "--human-window-minutes", "0")
+        assert (code, line["decision"]) == (0, "not-serving"), line
+        assert len(stack.history()) == history and container_ids(sim) == before
+    finally:
+        project.update_stack(STACK, {"serving": True})
+
+    # Someone's update holds the stack (a lock file where the file backend keeps them, as
+    # the engine writes it): reconcile waits its turn, never cancels.
+    locks = (project.state / ".pulumi" / "locks" / "organization" / "kimipd" / STACK)
+    locks.mkdir(parents=True, exist_ok=True)
+    (locks / "held-by-test.json").write_text(
+        '{"pid": 4242, "username": "ops", "hostname": "console", "timestamp": "now"}')
+    try:
+        code, line = reconcile_once(project, STACK, tmp_path, "--grace-seconds", "0",
+                                    "--human-window-minutes", "0")
+        assert (code, line["decision"]) == (1, "locked"), line
+        assert "ops@console pid 4242" in line["message"], line
+        assert len(stack.history()) == history and container_ids(sim) == before
+    finally:
+        (locks / "held-by-test.json").unlink()
+
+    code, line = reconcile_once(project, STACK, tmp_path, "--grace-seconds", "0",
+                                "--human-window-minutes", "0")
+    assert (code, line["decision"], line["units"]) == (0, "healed", [GROUP]), line
+    after = container_ids(sim)
+    for name, state in before.items():
+        if name.startswith(f"kimipd-{GROUP}-"):
+            assert after[name] != state and after[name].endswith("running"), name
+        else:
+            assert after[name] == state, f"{name} changed when only {GROUP} was healed"
+    newest = stack.history(page_size=2)
+    assert [entry.kind for entry in newest] == ["update", "refresh"]
+    assert all(entry.message.startswith(f"kimipd reconcile: heal {GROUP}") for entry in newest)
+    assert {url} <= healthy_workers(SMALL_ROUTER)
+    selected = subprocess.run([project.env["PULUMI_BIN"], "stack", "--show-name"],
+                              cwd=project.directory, env=os.environ | project.env,
+                              capture_output=True, text=True)
+    assert selected.stdout.strip() == "bystander", selected.stdout + selected.stderr
+    stack.workspace.remove_stack("bystander")
+    # status sends the router's key with its whole-path probe (401 without it).
+    status, report = settled_status(project, STACK)
+    assert (status.returncode, report["verdict"], report["generate"]["status"]) == \
+        (0, "serving", 200), (report["generate"], status_problems(report))
+
+
+@pytest.fixture
+def service(project: Project, tmp_path: Path) -> Iterator[dict]:
+    """A service of the test's own, whose limit is one heal of a unit an hour."""
+    with reconcile_service(project, STACK, tmp_path, max_heals=1) as files:
+        yield files
+
+
+def test_watch_heals_a_killed_decode_rank_under_load_then_stops_at_the_limit(
+        stack: auto.Stack, sim: SimCluster, url: str, service: dict) -> None:
+    log = service["log.jsonl"]
+    first = wait_until_logged(log, "healthy", "a first healthy pass")
+    # What the router sees is logged beside the decision.
+    assert first["routerSees"] == {worker: "healthy"
+                                   for worker in healthy_workers(SMALL_ROUTER)}, first
+    assert len(first["routerSees"]) == 4, first
+    # Another stack's container on the same node, exited: never touched.
+    stranger = sim.docker(NODE, "run", "--name", "other-decode-b-r0",
+                          "--label", "kimipd.role=decode-b-r0", "--network", "none",
+                          "--entrypoint", "true", sim.image)
+    assert stranger.returncode == 0, stranger.stderr
+    stranger_before = container_ids(sim)["other-decode-b-r0"]
+    before = container_ids(sim)
+    run = heal_under_load(sim, log, GROUP, url, SMALL_ROUTER,
+                          lambda: kill_server(sim, NODE, CONTAINER))
+    failed = run.failed_since_broken()
+    results = run.results
+    lines = decisions(log)
+    healed = [d for d in lines if d.get("decision") == "healed"]
+    print(f"heal under load: kill -> serving again {run.back_at - run.broken_at:.1f}s; "
+          f"{len(results)} requests, {len(failed)} failed {failed}; heal "
+          f"{healed[0]['seconds'] if healed else '-'}s")
+    assert [d["units"] for d in healed] == [[GROUP]], lines
+    assert len(results) > 50
+    # A sequential client has one request in flight: at most that one may fail.
+    assert len(failed) <= 1, f"failed beyond the request in flight on {GROUP}: {failed}"
+    after = container_ids(sim)
+    for name, state in before.items():
+        if not name.startswith(f"kimipd-{GROUP}-"):
+            assert after.get(name) == state, f"{name} changed when only {GROUP} was healed"
+    assert after["other-decode-b-r0"] == stranger_before
+    sim.docker(NODE, "rm", "-f", "other-decode-b-r0")
+
+    metrics = service["reconcile.prom"].read_text()
+    assert f'kimipd_reconcile_heals_total{{stack="{STACK}",unit="{GROUP}"}} 1' in metrics
+    checked = subprocess.run(["promtool", "check", "metrics"], input=metrics, text=True,
+                             capture_output=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+    # The second death within the hour: refused at --max-heals-per-hour 1, and left alone.
+    kill_server(sim, NODE, CONTAINER)
+    limited = wait_until_logged(log, "limited", "the limit's refusal of decode-b alone",
+                                units=[GROUP])
+    assert limited["exitCode"] == 2, limited
+    assert "healed 1 times in the last hour (limit 1" in limited["message"], limited
+    time.sleep(6)
+    assert container_ids(sim)[CONTAINER].endswith("exited"), "healed past the limit"
+    assert not any(d.get("event") == "heal-start" and d["units"] == [GROUP]
+                   for d in decisions(log)[lines.index(healed[0]) + 1:])
+
+    # The passphrase is in the service's environment only: no command line, no log line.
+    process = service["process"]
+    command_lines = [line for pid in [process.pid] + descendants(process.pid)
+                     if (line := command_line(pid)) is not None]
+    assert command_lines, "the service has no process"
+    assert not any(PASSPHRASE.encode() in line for line in command_lines)
+    assert PASSPHRASE not in log.read_text()
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(120) == 0
+
+
+def wait_until_logged(log: Path, decision: str, what: str,
+                      units: list[str] | None = None) -> dict:
+    """The first DECISION logged (of UNITS alone, if given), within 120 s."""
+    return wait_until(lambda: [d for d in decisions(log) if d.get("decision") == decision
+                               and (units is None or d["units"] == units)], 120, what)[0]
