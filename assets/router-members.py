@@ -6,13 +6,14 @@
                                              G should serve (a marker the drain and restore read)
   unwant  --group G --mode M --url URL       G is leaving the config (or the stack is destroyed)
   drain   --group G --mode M --url URL --rollout R --drain-timeout S
-  admit   --group G --mode M --url URL [--bootstrap-port N]
+  admit   --group G --mode M --url URL [--bootstrap-port N] [--contract D]
   ready   --expect URL ...                   /readiness and every URL registered and healthy
   restore                                    a new router: register every group that should
                                              serve and is not out for its replacement
 
 Common: --router URL (loopback; repeated: every slot) --api-key-file F --state-dir D
---timeout S --interval S.
+--timeout S --interval S; behind the door, --slot NAME for each --router (the door's server
+name, slot-a) and --door-socket F (router.node's door).
 
 sglang-router 0.3.2's worker API: POST /workers {url, worker_type, bootstrap_port} queues a job
 that probes the worker until healthy; GET /workers lists id, url, worker_type, is_healthy; DELETE
@@ -33,11 +34,24 @@ there are two routers, the slots, and a group is registered with both: drain rem
 every slot that answers, once each of them has a healthy peer; admit registers it with every
 slot, waiting --silent-grace (60 s) for one that does not answer: a slot replaced meanwhile
 skips the group in its restore (out for its replacement), so only this admission gives it back.
+
+The serving contract (never two in one router): each group's admission records the contract
+its containers run (--contract, a digest of what prefill and decode must share: the image, the
+model, the node files, the KV settings). A router holds the groups of one contract at a time.
+A group of a new contract is registered only with a router that holds none of another; one that
+does is emptied of them first, when that costs nothing: without the door (one router) at once
+(the outage the preview names), behind the door only a slot that does not serve there or whose
+other slot serves. Such a slot is set to drain at router.node's door first, its open requests
+end, and it is set ready again once it holds a prefill and a decode of the new contract. A group
+of the old contract that is registered with no router of its own contract any more serves
+nothing, and drains without a peer. With the door on two nodes the other node's door follows
+the slot's own /readiness (docs/decisions.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import sys
 import time
@@ -47,7 +61,7 @@ import urllib.request
 # No __pycache__ beside the scripts on the node.
 sys.dont_write_bytecode = True
 from router_api import (  # noqa: E402
-    STUCK_SECONDS, Router, State, common_arguments, fail, log, rank0_answers, rank0_healthy,
+    STUCK_SECONDS, Door, Router, State, common_arguments, fail, log, rank0_answers, rank0_healthy,
     rank0_refuses, register, register_missing, registered, routers_said, wait_idle, wait_until)
 
 
@@ -105,6 +119,119 @@ def answering(routers: list[Router]) -> list[tuple[Router, list[dict]]]:
     return found
 
 
+def foreign(workers: list[dict], by_url: dict[str, str], contract: str,
+            url: str) -> list[dict]:
+    """The registrations in a router of groups whose recorded contract is not CONTRACT (the
+    group at URL itself aside)."""
+    return [w for w in workers if w.get("url") != url
+            and by_url.get(w.get("url") or "") not in (None, contract)]
+
+
+def moved_on(workers: list[dict], state: State, group: str, url: str) -> bool:
+    """Whether a router no longer holds GROUP and holds groups of another contract than its."""
+    mine = state.contract(group)
+    return bool(mine and not registered(workers, url)
+                and foreign(workers, state.contracts_by_url(), mine, url))
+
+
+def door_status(door: Door | None, router: Router) -> str | None:
+    """ROUTER's status at router.node's door (UP, DOWN, DRAIN, "UP 1/2", ...); None without a
+    door, or when the door does not answer."""
+    if door is None or router.slot is None:
+        return None
+    servers = door.servers()
+    return None if servers is None else servers.get(router.slot, {}).get("status", "")
+
+
+def conversion_refused(door: Door | None, router: Router) -> str | None:
+    """Why ROUTER, which holds groups of another contract, may not be emptied of them now; None
+    when it may. Without the door there is one router: emptying it is the outage a change of
+    contract costs there (the preview says so). Behind the door: when it does not serve there,
+    or when another slot does."""
+    if door is None or router.slot is None:
+        return None
+    servers = door.servers()
+    if servers is None:
+        return "the door does not answer on its admin socket"
+    if not servers.get(router.slot, {}).get("status", "").startswith("UP"):
+        return None
+    if any(name != router.slot and row.get("status", "").startswith("UP")
+           for name, row in servers.items()):
+        return None
+    return f"{router.slot} is the only slot serving at the door"
+
+
+def door_open_requests(door: Door, slot: str) -> int:
+    row = (door.servers() or {}).get(slot, {})
+    return int(row.get("scur") or 0) + int(row.get("qcur") or 0)
+
+
+def convert(args, router: Router, others: list[dict], door: Door | None, state: State,
+            contract: str, url: str) -> None:
+    """ROUTER emptied of the groups of another contract (OTHERS), behind the door once it is
+    drained there, then given every group of CONTRACT admitted so far."""
+    if door is not None and router.slot is not None:
+        with state.locked():
+            state.mark(state.converting_marker(router.slot), contract)
+        status = door_status(door, router) or ""
+        if status != "MAINT":
+            door.set_state(router.slot, "drain")
+        wait_idle(lambda: door_open_requests(door, router.slot), args.drain_timeout,
+                  min(args.interval, 0.5),
+                  lambda _: f"{router.slot}: drained at the door to take contract {contract}",
+                  lambda current: f"{router.slot}: {current} request(s) still open at the door "
+                                  f"after {args.drain_timeout}s; emptied anyway")
+    for worker in others:
+        status, body = router.call("DELETE", f"/workers/{worker['id']}")
+        if status not in (200, 202, 204, 404):
+            raise fail(f"DELETE {router.url}/workers/{worker['id']} ({worker.get('url')}) "
+                       f"answered HTTP {status}: {body}")
+    log(f"{router.slot or router.url}: removed {len(others)} registration(s) of another "
+        f"contract ({', '.join(sorted({w.get('url') or '' for w in others}))}); it serves "
+        f"contract {contract} from now on")
+    with state.locked():
+        out = state.out_for_replacement()
+        present = {w.get("url") for w in router.workers() or []}
+        for group, (mode, member_url, bootstrap) in sorted(state.members().items()):
+            if (member_url and member_url != url and member_url not in present
+                    and out.get(mode) != group and state.contract(group) == contract):
+                register(router, group, member_url, mode,
+                         None if bootstrap == "-" else int(bootstrap))
+                log(f"{group}: registered with {router.slot or router.url} (contract "
+                    f"{contract})")
+
+
+def reopen(args, routers: list[Router], door: Door | None, state: State) -> None:
+    """Each slot taken out at the door for a change of contract, set ready there again once it
+    holds a healthy prefill and decode, all of one contract; done when the door's check sees
+    it up."""
+    if door is None:
+        return
+    for router in routers:
+        if router.slot is None or not os.path.exists(state.converting_marker(router.slot)):
+            continue
+        workers = router.workers()
+        if workers is None:
+            continue
+        by_url = state.contracts_by_url()
+        modes = {w.get("worker_type") for w in workers if w.get("is_healthy")}
+        contracts = {by_url.get(w.get("url") or "") for w in workers} - {None}
+        if not {"prefill", "decode"} <= modes or len(contracts) > 1:
+            continue
+        door.set_state(router.slot, "ready")
+        wait_until(lambda r=router: None if (door_status(door, r) or "").startswith("UP")
+                   else str(door_status(door, r)),
+                   args.timeout, min(args.interval, 0.2),
+                   lambda why, elapsed, r=router: f"{r.slot} set ready at the door, but its "
+                                                  f"check does not see it up after "
+                                                  f"{elapsed:.0f}s ({why})",
+                   say=lambda _: None)
+        with state.locked():
+            state.unmark(state.converting_marker(router.slot))
+        log(f"{router.slot}: up at the door again, serving contract "
+            f"{', '.join(sorted(contracts)) or '(none recorded)'}")
+
+
 def drain(args, routers: list[Router], state: State) -> int:
     group, mode, url = args.group, args.mode, args.url
     desired = state.desired()
@@ -133,9 +260,12 @@ def drain(args, routers: list[Router], state: State) -> int:
                 log(f"{group}: not serving ({idle}); drained without waiting for a peer")
             elif rolling:
                 holder_out = bool(held and held[0] != group and held[0] in desired)
-                # Every router that serves keeps a healthy group of this mode.
+                # Every router that serves this group's contract keeps a healthy group of this
+                # mode; one that serves another contract only (the rollout of a new one has
+                # moved it on) is none of this group's business.
                 lonely = [router.url for router, workers in live
-                          if not healthy_peers(workers, mode, url)]
+                          if not healthy_peers(workers, mode, url)
+                          and not moved_on(workers, state, group, url)]
                 if holder_out:
                     waiting_for = (f"{held[0]} holds the {mode} rollout lease (drained "
                                    f"{time.time() - held[1]:.0f}s ago for its replacement, not "
@@ -195,16 +325,25 @@ def drain(args, routers: list[Router], state: State) -> int:
 
 
 def admit(args, routers: list[Router], state: State) -> int:
-    """Registered and healthy in every router (slot). One that does not answer is waited for a
-    grace (a slot replaced meanwhile skipped this group in its restore); one silent for longer
-    is dead, and gets the group from its own restore once it is replaced."""
-    group, mode, url = args.group, args.mode, args.url
+    """Registered and healthy in every router (slot) of its contract. One that does not answer
+    is waited for a grace (a slot replaced meanwhile skipped this group in its restore); one
+    silent for longer is dead, and gets the group from its own restore once it is replaced. One
+    that holds another contract is emptied of it first where that costs nothing (`convert`), or
+    left to a later admission."""
+    group, mode, url, contract = args.group, args.mode, args.url, args.contract
+    door = Door(args.door_socket) if args.door_socket else None
+    if contract:
+        with state.locked():
+            state.record_contract(group, contract)
     posted: set[str] = set()
     silent_since: dict[str, float] = {}
+    held_back: dict[str, str] = {}
     # Within the gate's timeout, so that a dead slot delays the admission but never fails it.
     grace = min(args.silent_grace, args.timeout / 2)
 
     def not_yet() -> str | None:
+        if contract:
+            reopen(args, routers, door, state)
         live = answering(routers)
         now = time.monotonic()
         for router in routers:
@@ -214,32 +353,65 @@ def admit(args, routers: list[Router], state: State) -> int:
                 silent_since.setdefault(router.url, now)
         awaited = sorted(u for u, since in silent_since.items()
                          if now - since < grace)
-        mine = {router.url: registered(workers, url) for router, workers in live}
-        if live and all(any(w.get("is_healthy") for w in found) for found in mine.values()):
+        held_back.clear()
+        if contract:
+            converted = False
+            by_url = state.contracts_by_url()
+            for router, workers in live:
+                others = foreign(workers, by_url, contract, url)
+                if not others:
+                    continue
+                refused = conversion_refused(door, router)
+                if refused is None:
+                    convert(args, router, others, door, state, contract, url)
+                    converted = True
+                else:
+                    held_back[router.url] = (f"{router.slot or router.url} holds another "
+                                             f"contract and stays: {refused}")
+            if converted:
+                live = answering(routers)
+        eligible = [(router, workers) for router, workers in live
+                    if router.url not in held_back]
+        mine = {router.url: registered(workers, url) for router, workers in eligible}
+        if eligible and all(any(w.get("is_healthy") for w in found) for found in mine.values()):
             if not awaited:
                 return None
-        for router, _ in live:
+        for router, _ in eligible:
             if not mine[router.url] and router.url not in posted:
                 register(router, group, url, mode, args.bootstrap_port)
                 posted.add(router.url)
-        if live and awaited and all(mine.values()):
+        if live and not eligible:
+            return "; ".join(held_back.values())
+        if eligible and awaited and all(mine.values()):
             return (f"{', '.join(awaited)} does not answer: waiting up to "
                     f"{grace:g}s to register there too")
         return ("no router answers" if not live
                 else "registered, not yet healthy" if all(mine.values())
                 else "registration queued")
 
-    wait_until(not_yet, args.timeout, args.interval,
-               lambda why, elapsed: f"{group} ({url}) not healthy in the router after "
-                                    f"{elapsed:.0f}s: {why}",
-               say=lambda why: log(f"{group}: {why}"))
+    while True:
+        wait_until(not_yet, args.timeout, args.interval,
+                   lambda why, elapsed: f"{group} ({url}) not healthy in the router after "
+                                        f"{elapsed:.0f}s: {why}",
+                   say=lambda why: log(f"{group}: {why}"))
+        if not contract:
+            break
+        # This admission may have made a converted slot whole: up at the door again, it lets
+        # the slot still holding the old contract move on now, not at the next admission.
+        reopen(args, routers, door, state)
+        if all(conversion_refused(door, router) is not None
+               for router in routers if router.url in held_back):
+            break
     for silent in sorted(silent_since):
         log(f"{group}: {silent} has not answered for {grace:g}s: admitted without "
             "it; its restore registers the group when it is replaced")
+    for why in held_back.values():
+        log(f"{group}: not registered where another contract serves alone ({why}); the next "
+            "admission of its contract moves that slot on")
     with state.locked():
         gave_back = state.give_back(mode, group)
-    log(f"{group}: admitted, healthy in {routers_said(len(answering(routers)))} ({url})"
-        + (f"; {mode} rollout lease given back" if gave_back else ""))
+    log(f"{group}: admitted, healthy in {routers_said(len(answering(routers)) - len(held_back))}"
+        f" ({url})" + (f"; {mode} rollout lease given back" if gave_back else ""))
     return 0
 
 
@@ -288,7 +460,13 @@ def main() -> int:
     parser.add_argument("--drain-timeout", type=float, default=600)
     parser.add_argument("--expect", action="append", default=[])
     parser.add_argument("--silent-grace", type=float, default=60)
+    parser.add_argument("--contract")
+    parser.add_argument("--slot", action="append", default=[],
+                        help="the door's server name of each --router, in their order")
+    parser.add_argument("--door-socket")
     args = parser.parse_args()
+    if args.slot and len(args.slot) != len(args.router):
+        parser.error("--slot names each --router: give as many of each")
     state = State(args.state_dir)
     if args.action == "want":
         bootstrap = "-" if args.bootstrap_port is None else str(args.bootstrap_port)
@@ -297,7 +475,8 @@ def main() -> int:
     if args.action == "unwant":
         state.unmark(state.marker(args.group))
         return 0
-    routers = [Router(url, args.api_key_file) for url in args.router]
+    slots = args.slot or [None] * len(args.router)
+    routers = [Router(url, args.api_key_file, slot) for url, slot in zip(args.router, slots)]
     if not routers:
         parser.error(f"{args.action} needs --router")
     actions = {"drain": drain, "admit": admit, "restore": restore}

@@ -78,8 +78,10 @@ def wait_idle(count, drain_timeout: float, interval: float, idle, still_open,
 
 
 class Router:
-    def __init__(self, url: str, key_file: str | None) -> None:
+    def __init__(self, url: str, key_file: str | None, slot: str | None = None) -> None:
         self.url = url.rstrip("/")
+        # The door's name for it (slot-a, slot-b), where it is a slot behind the door.
+        self.slot = slot
         self.key = ""
         if key_file:
             with open(key_file, encoding="utf-8") as stream:
@@ -230,6 +232,48 @@ class State:
             return True
         return False
 
+    # The serving contract (components/render/contract.py) each group's running containers
+    # were admitted with: one router must never hold a prefill and a decode of two contracts.
+    def contract_path(self, group: str) -> str:
+        return os.path.join(self.directory, "contract", group)
+
+    def contract(self, group: str) -> str | None:
+        try:
+            with open(self.contract_path(group), encoding="utf-8") as stream:
+                return stream.read().strip() or None
+        except OSError:
+            return None
+
+    def record_contract(self, group: str, digest: str) -> None:
+        os.makedirs(os.path.dirname(self.contract_path(group)), mode=0o700, exist_ok=True)
+        self.mark(self.contract_path(group), digest)
+
+    def contracts(self) -> dict[str, str | None]:
+        """group -> its recorded contract (None: admitted before contracts were recorded) of
+        every group that should serve."""
+        return {group: self.contract(group) for group in self.members()}
+
+    def contracts_by_url(self) -> dict[str, str]:
+        """rank 0's URL -> its group's contract, where one is recorded."""
+        return {fields[1]: contract for group, fields in self.members().items()
+                if (contract := self.contract(group)) is not None}
+
+    def target_contract(self) -> str | None:
+        """The contract admitted last: during a rollout of a new one, the new one."""
+        folder = os.path.join(self.directory, "contract")
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            return None
+        newest = max(names, default=None,
+                     key=lambda name: os.stat(os.path.join(folder, name)).st_mtime_ns)
+        return self.contract(newest) if newest is not None else None
+
+    def converting_marker(self, slot: str) -> str:
+        """Slot SLOT was taken out at the door to change its contract: set ready again once it
+        holds a prefill and a decode of one contract."""
+        return os.path.join(self.directory, f"converting-{slot}")
+
     def out_for_replacement(self) -> dict[str, str]:
         """mode -> the group holding its rollout lease (drained, being replaced)."""
         return {mode: held[0] for mode in ("prefill", "decode")
@@ -261,20 +305,50 @@ def register(router: Router, group: str, url: str, mode: str, bootstrap: int | N
                    f"{answer}")
 
 
+def one_contract(modes: dict[str, str], contracts: dict[str, str | None],
+                 target: str | None) -> set[str]:
+    """Of the groups MODES names (group -> mode), those one router may hold at once: the groups
+    of one contract, and those with none recorded (admitted before contracts were). The target
+    (the contract admitted last) where its groups have a prefill and a decode, else a contract
+    whose groups do (the one still serving while the target's first groups load)."""
+    known = sorted({contract for contract in contracts.values() if contract})
+    if len(known) <= 1:
+        return set(modes)
+
+    def whole(contract: str) -> bool:
+        return {modes[group] for group in modes
+                if contracts.get(group) == contract} >= {"prefill", "decode"}
+
+    ranked = ([target] if target in known else []) + [c for c in known if c != target]
+    chosen = next((contract for contract in ranked if whole(contract)), ranked[0])
+    return {group for group in modes if contracts.get(group) in (None, chosen)}
+
+
 def register_missing(router: Router, state: State, quiet: bool = False) -> list[str]:
     """Every group that should serve and is not out for its replacement, registered with ROUTER
-    if it is not yet (under the state lock); the URLs that should be there."""
+    if it is not yet (under the state lock), of one contract (`one_contract`); the URLs that
+    should be there."""
     expected = []
     with state.locked():
         out = state.out_for_replacement()
         registered_urls = {w.get("url") for w in router.workers() or []}
-        for group, (mode, url, bootstrap) in sorted(state.members().items()):
+        members = state.members()
+        candidates = {group: fields[0] for group, fields in members.items()
+                      if out.get(fields[0]) != group and fields[1]}
+        contracts = state.contracts()
+        chosen = one_contract(candidates, contracts, state.target_contract())
+        for group, (mode, url, bootstrap) in sorted(members.items()):
             if out.get(mode) == group:
                 if not quiet:
                     log(f"{group}: out for its replacement (holds the {mode} lease); its "
                         "admission registers it")
                 continue
             if not url:
+                continue
+            if group not in chosen:
+                if not quiet:
+                    log(f"{group}: runs contract {contracts.get(group)}, not this router's: "
+                        "not registered here")
                 continue
             expected.append(url)
             if url not in registered_urls:

@@ -12,6 +12,7 @@ from .mooncake import MooncakeMaster
 from .node import Node
 from .render import (
     CLUSTER_TYPE,
+    contract_digest,
     door_admin_socket,
     door_check_file,
     door_plan,
@@ -27,6 +28,7 @@ from .render import (
     router_plan,
     router_slots,
     router_url,
+    serving_contract,
     sglang_rank_plan,
     slot_role,
     slot_server,
@@ -60,7 +62,12 @@ class Cluster(pulumi.ComponentResource):
         if cfg.install_node_files == "image":
             for node in self.nodes.values():
                 node.prepare_image(cfg, node_file_digests)
+        contract = serving_contract(cfg, node_file_digests)
+        self.contract = contract_digest(contract)
         self.outputs: dict[str, object] = {
+            # What prefill and decode must share, and its digest (the router's node keeps one
+            # per router): a change of it rolls in halves (docs/router.md); plain data.
+            "servingContract": {"digest": self.contract, **contract},
             "mooncakeMaster": mooncake_master_address(cfg),
             "serving": cfg.serving,
             "restartGeneration": cfg.restart_generation,
@@ -119,15 +126,20 @@ class Cluster(pulumi.ComponentResource):
         # sequential: decode starts once prefill is healthy (P + D model loads, as the runbook
         # ran). overlapped: once every prefill rank 0's bootstrap server answers, which SGLang
         # opens before the model loads; decode's start never dials prefill (max(P, D)).
-        bootstrap_gates: list[pulumi.Resource] = [
-            group.bootstrap_gate for group in self.prefill.values()
-            if group.bootstrap_gate is not None]
-        decode_waits_for = bootstrap_gates if overlapped else prefill_gates
-        self.decode = {
-            name: ServingGroup(name, cfg, self.nodes, wait_for=decode_waits_for,
-                               key_files=key_files, opts=child)
-            for name in cfg.groups_in_mode("decode")
-        }
+        # Each decode group waits for its own half of the prefill groups (`paired_prefill`),
+        # not all of them: a change of contract then rolls a prefill and a decode group to the
+        # new one while the others serve the old one (a decode waiting for every new prefill
+        # would wait for the last prefill, which waits for a new decode to serve beside).
+        decode_names = list(cfg.groups_in_mode("decode"))
+        pairs = paired_prefill(list(self.prefill), decode_names)
+        self.decode = {}
+        for name in decode_names:
+            partners = [self.prefill[partner] for partner in pairs[name]]
+            waits_for: list[pulumi.Resource] = (
+                [group.bootstrap_gate for group in partners if group.bootstrap_gate is not None]
+                if overlapped else [group.gate for group in partners])
+            self.decode[name] = ServingGroup(name, cfg, self.nodes, wait_for=waits_for,
+                                             key_files=key_files, opts=child)
         decode_gates = [group.gate for group in self.decode.values()]
         router_node = self.nodes[cfg.router.node]
         # With the door: HAProxy on router.port first (on each door node), then its two slots,
@@ -167,7 +179,8 @@ class Cluster(pulumi.ComponentResource):
         router_gates: list[RouterReadiness] = []
         if cfg.router.kind == "rust":
             self.memberships = [
-                Membership(name, cfg, router_node, self.routers, group, opts=child)
+                Membership(name, cfg, router_node, self.routers, group, self.contract,
+                           opts=child)
                 for name, group in {**self.prefill, **self.decode}.items()
             ]
             router_gates = [RouterReadiness(cfg, router_node, self.routers, self.memberships,
@@ -190,6 +203,18 @@ class Cluster(pulumi.ComponentResource):
             # What clients send as `Authorization: Bearer KEY` (docs/router.md); encrypted in the
             # state.
             self.outputs["routerApiKey"] = pulumi.Output.secret(router_api_key)
+
+
+def paired_prefill(prefill: list[str], decode: list[str]) -> dict[str, list[str]]:
+    """decode group -> the prefill groups it waits for: the i-th decode the prefill groups j
+    with j % len(DECODE) == i (more prefill than decode), else the (i % len(PREFILL))-th. Each
+    decode waits for at least one prefill (runbook rule 2) and each prefill is waited for."""
+    if not prefill:
+        return {name: [] for name in decode}
+    if len(prefill) >= len(decode):
+        return {name: [p for j, p in enumerate(prefill) if j % len(decode) == i]
+                for i, name in enumerate(decode)}
+    return {name: [prefill[i % len(prefill)]] for i, name in enumerate(decode)}
 
 
 def firewall_output(cfg: ClusterConfig) -> dict[str, object]:

@@ -24,7 +24,8 @@ class Membership(pulumi.ComponentResource):
     gate passes (render/membership.py says why these are three commands)."""
 
     def __init__(self, name: str, cfg: ClusterConfig, node: Node, routers: Sequence[Router],
-                 group: ServingGroup, opts: pulumi.ResourceOptions | None = None) -> None:
+                 group: ServingGroup, contract: str,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("kimipd:router:Membership", name, None, opts)
         # With the door, every slot: the group is registered with both.
         # Replaced with the group's containers (rank 0's id: whatever replaces rank 0 replaces
@@ -48,10 +49,12 @@ class Membership(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.drain]))
         # The gate's checks are among its triggers, so it waits for them too (HealthGate says
         # why no depends_on repeats them).
+        # CONTRACT (render/contract.py) is in its command: a change of it is an update, which
+        # runs the admission again when the group's containers stay.
         self.admit = command.remote.Command(
             f"{name}-admit",
             connection=node.connection,
-            create=admit_command(cfg, name),
+            create=admit_command(cfg, name, contract),
             triggers=[*[router.container.id for router in routers],
                       *[check.id for check in group.gate.checks]],
             opts=pulumi.ResourceOptions(parent=self, depends_on=[

@@ -18,6 +18,7 @@ from typing import Any, TextIO
 from pulumi import automation as auto
 from pulumi.runtime import rpc
 
+from .contract_change import StepInputs
 from .stack_engine import StackEngine
 from .state_urns import DOCKER_PROVIDER, docker_host_address
 
@@ -151,11 +152,20 @@ class OutUpdate:
     def _say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
 
+    def _preview(self, urns: list[str], diff: bool) -> None:
+        """The preview as the engine prints it, then a change of the serving contract named
+        with how it will roll (ops/contract_change.py)."""
+        steps = StepInputs()
+        self.engine.stack.preview(exclude=urns or None, diff=diff, on_event=steps,
+                                  on_output=lambda line: self._say(line))
+        change = steps.change()
+        if change is not None:
+            self._say(change.note())
+
     def preview(self, diff: bool) -> int:
         addresses, urns, _ = self.excluded()
         self._announce(addresses, urns, "preview")
-        self.engine.stack.preview(exclude=urns or None, diff=diff,
-                                  on_output=lambda line: self._say(line))
+        self._preview(urns, diff)
         return 0
 
     def up(self, diff: bool, yes: bool, message: str | None = None) -> int:
@@ -163,8 +173,7 @@ class OutUpdate:
         self._announce(addresses, urns, "up")
         stack = self.engine.stack
         if not yes:
-            stack.preview(exclude=urns or None, diff=diff,
-                          on_output=lambda line: self._say(line))
+            self._preview(urns, diff)
             if self.confirm("Do you want to perform this update? [yes/no] ").strip() != "yes":
                 self._say("kimipd up: not confirmed; nothing changed")
                 return 1

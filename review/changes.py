@@ -291,3 +291,42 @@ def contract_changes(found: list[Change]) -> list[ContractChange]:
                            tuple(sorted({change.group for change, _ in seen})),
                            tuple(sorted({change.mode for change, _ in seen})))
             for (kind, name), seen in by_input.items()]
+
+
+@dataclass(frozen=True)
+class ServingShape:
+    """The groups of each mode the stack will have, and whether its clients come through the
+    door (two router slots): how a change of the KV contract rolls."""
+
+    groups: dict[str, tuple[str, ...]]
+    door: bool
+
+    @property
+    def in_halves(self) -> bool:
+        """Behind the door with two or more groups of each mode, a change of contract keeps
+        serving: one slot takes the first new prefill and decode while the other serves the old
+        ones (assets/router-members.py). Otherwise it is an outage."""
+        return self.door and all(len(self.groups.get(mode, ())) >= 2
+                                 for mode in ("prefill", "decode"))
+
+
+def serving_shape(preview: dict[str, Any]) -> ServingShape:
+    """The stack's groups and door after the preview's update (every container it keeps or
+    makes: a step's new state, or its old one where it has none)."""
+    groups: dict[str, set[str]] = {"prefill": set(), "decode": set()}
+    slots: set[str] = set()
+    for step in preview.get("steps", []):
+        if step["op"] in ("delete", "delete-replaced", "discard"):
+            continue
+        state = step.get("newState") or step.get("oldState") or {}
+        if state.get("type") != CONTAINER:
+            continue
+        inputs = state.get("inputs") or {}
+        labels = _labels(inputs.get("labels"))
+        mode = argv_flags(inputs.get("command") or []).get("--disaggregation-mode", "")
+        if labels.get("kimipd.group") and mode in groups:
+            groups[mode].add(labels["kimipd.group"])
+        if labels.get("kimipd.role", "").startswith("router-"):
+            slots.add(labels["kimipd.role"])
+    return ServingShape({mode: tuple(sorted(names)) for mode, names in groups.items()},
+                        len(slots) >= 2)

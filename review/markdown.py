@@ -5,7 +5,9 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
-from .changes import CLUSTER, Change, InputChange, changes, contract_changes, order, stack_name
+from .changes import (
+    CLUSTER, Change, InputChange, ServingShape, changes, contract_changes, order, serving_shape,
+    stack_name)
 
 VERBS = {"create": "create", "replace": "replace", "update": "update in place", "delete": "delete"}
 SUMMARY_ORDER = ("create", "replace", "update", "delete", "same")
@@ -62,9 +64,9 @@ def summary_line(preview: dict[str, Any]) -> str:
     return ", ".join(parts) or "no changes"
 
 
-def _contract_section(found: list[Change]) -> list[str]:
+def _contract_section(found: list[Change], shape: ServingShape) -> list[str]:
     """What a reviewer must know first: a change to what prefill and decode must agree on, and
-    what the rollout does with it today."""
+    how the rollout keeps the two apart (halves, or an outage)."""
     changed = contract_changes(found)
     if not changed:
         return []
@@ -75,12 +77,22 @@ def _contract_section(found: list[Change]) -> list[str]:
                      f"on {', '.join(f'`{group}`' for group in item.groups)}")
     modes = {mode for item in changed for mode in item.modes}
     lines.append("")
-    if modes >= {"prefill", "decode"}:
-        lines.append("**It rolls one group at a time and does not yet keep the two contracts "
-                     "apart:** while it rolls, the router may pair a prefill group of one "
-                     "contract with a decode group of the other, and those answers are wrong "
-                     "with status 200. Roll it when wrong answers are acceptable, or take the "
-                     "stack out of service first (`serving: false`).")
+    counts = ", ".join(f"{len(shape.groups.get(mode, ()))} {mode}"
+                       for mode in ("prefill", "decode"))
+    if modes >= {"prefill", "decode"} and shape.in_halves:
+        lines.append(f"**It rolls in halves and never pairs the two contracts** ({counts} "
+                     "groups behind the door): one router slot leaves the door and takes the "
+                     "first new prefill group, then its decode group, and comes back once both "
+                     "serve; the other slot then moves to the new contract, and the other groups "
+                     "follow. Half the groups of each mode serve during the roll "
+                     "(docs/router.md).")
+    elif modes >= {"prefill", "decode"}:
+        why = ("one group of a mode" if shape.door
+               else "one router: no door to keep a slot of each contract")
+        lines.append(f"**It is an outage** ({counts} groups; {why}): no router holds the two "
+                     "contracts at once, so the old groups leave it when the first new one is "
+                     "admitted, and nothing serves until a new prefill and decode group both "
+                     "do. Roll it in a maintenance window (docs/router.md).")
     else:
         lines.append(f"Only the {', '.join(sorted(modes))} groups change, and the preview "
                      "checked that both modes still agree (a decode context length may exceed "
@@ -96,7 +108,7 @@ def render(preview: dict[str, Any]) -> str:
         lines.append("Nothing changes: every resource is as deployed.")
         return "\n".join(lines) + "\n"
 
-    lines += _contract_section(found)
+    lines += _contract_section(found, serving_shape(preview))
     lines += ["| node | role | resource | change |", "| --- | --- | --- | --- |"]
     for change in sorted(found, key=lambda c: (_node_key(c.node), c.role, not c.is_container,
                                                c.name)):

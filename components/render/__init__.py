@@ -19,6 +19,7 @@ from .container_plan import (
                              container_mounts,
                              env_list,
 )
+from .contract import contract_digest, serving_contract
 from .door import (
                              DOOR,
                              door_admin_socket,
@@ -121,6 +122,8 @@ from .sglang import (
 
 __all__ = [
     "CLUSTER_TYPE",
+    "contract_digest",
+    "serving_contract",
     "container_roles",
     "firewall_resource_name",
     "firewall_urn",

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from ..config import ClusterConfig
 from ..config.router_schema import SLOT_NAMES
-from .door import door_admin_socket, slot_url
+from .door import door_admin_socket, slot_server, slot_url
 from .layout import DOOR_SLOTS_SCRIPT, ROUTER_MEMBERS_SCRIPT, router_state_dir, shell
 from .router import router_api_key_file, router_loopback_url, router_slots
 from .sglang import group_endpoint
@@ -27,12 +27,18 @@ from .sglang import group_endpoint
 
 def _members(cfg: ClusterConfig, action: str, *args: str, timeout: int | None = None,
              slots: list[str | None] | None = None, script: str = ROUTER_MEMBERS_SCRIPT,
-             keyed: bool = True) -> str:
+             keyed: bool = True, door: bool = False) -> str:
     """router-members.py (or door-slots.py) ACTION on the router's node; SLOTS: the routers it
-    talks to (every one unless said); KEYED: with the rust router's key file."""
+    talks to (every one unless said); KEYED: with the rust router's key file; DOOR: with each
+    router's name at the door and router.node's door (a change of contract takes a slot out
+    there)."""
     routers: list[str] = []
     for slot in router_slots(cfg) if slots is None else slots:
         routers += ["--router", router_loopback_url(cfg, slot)]
+        if door and slot is not None:
+            routers += ["--slot", slot_server(slot)]
+    if door and cfg.router.door is not None:
+        routers += ["--door-socket", door_admin_socket(cfg)]
     key = (["--api-key-file", router_api_key_file(cfg)]
            if cfg.router.kind == "rust" and keyed else [])
     return shell(["python3", script, action, *routers, *key,
@@ -69,8 +75,12 @@ def _bootstrap(cfg: ClusterConfig, group_name: str) -> list[str]:
     return ["--bootstrap-port", str(group.bootstrap_port)] if group.mode == "prefill" else []
 
 
-def admit_command(cfg: ClusterConfig, group_name: str) -> str:
-    return _members(cfg, "admit", *_group_args(cfg, group_name), *_bootstrap(cfg, group_name))
+def admit_command(cfg: ClusterConfig, group_name: str, contract: str) -> str:
+    """Registered with every router once its gate passes, under CONTRACT (render/contract.py):
+    a router holding another contract is emptied of it first where that costs nothing, or left
+    as it is (router-members.py)."""
+    return _members(cfg, "admit", *_group_args(cfg, group_name), *_bootstrap(cfg, group_name),
+                    "--contract", contract, door=True)
 
 
 def restore_command(cfg: ClusterConfig, slot: str | None = None) -> str:

@@ -62,7 +62,32 @@ def test_a_checkpoint_change_on_both_modes_is_named_as_a_contract_change() -> No
     markdown = render(preview)
     assert "#### The KV contract changes" in markdown
     assert "`/m/K3` -> `/m/K3-0912` on `decode-a`, `prefill-a`" in markdown
-    assert "does not yet keep the two contracts apart" in markdown
+    # One group of each mode: the old ones leave before the new ones serve.
+    assert "**It is an outage** (1 prefill, 1 decode groups; one router" in markdown
+
+
+def _slot(slot: str) -> dict:
+    """A router slot the preview keeps."""
+    return {"op": "same", "urn": f"urn:pulumi:s::kimipd::docker:index/container:Container::"
+                                 f"router-{slot}",
+            "newState": {"type": CONTAINER, "custom": True, "inputs": {
+                "labels": [{"label": "kimipd.role", "value": f"router-{slot}"}]}}}
+
+
+def test_a_checkpoint_change_behind_the_door_with_two_groups_of_each_mode_rolls_in_halves() -> None:
+    old, new = ["--model-path", "/m/K3"], ["--model-path", "/m/K3-0912"]
+    steps = [_rank0(group, group.split("-")[0], old, new)
+             for group in ("prefill-a", "prefill-b", "decode-a", "decode-b")]
+    markdown = render({"steps": [*steps, _slot("a"), _slot("b")]})
+    assert "**It rolls in halves and never pairs the two contracts** (2 prefill, 2 decode" \
+        in markdown
+    # The same groups without the door: one router, an outage.
+    assert "**It is an outage** (2 prefill, 2 decode groups; one router" in render(
+        {"steps": steps})
+    # The door with one group of a mode.
+    one = [_rank0("prefill-a", "prefill", old, new), _rank0("decode-a", "decode", old, new)]
+    assert "(1 prefill, 1 decode groups; one group of a mode)" in render(
+        {"steps": [*one, _slot("a"), _slot("b")]})
 
 
 def test_an_image_change_is_a_contract_change_and_a_decode_only_flag_is_not() -> None:

@@ -19,8 +19,8 @@ from pulumi import automation as auto
 
 from sim.automation import Project
 from tests.integration.engine import (  # noqa: F401 - fixtures
-    SMALL_ROUTER, Events, container_ids, env, kimipd, new_stack, project, small_sim, small_values,
-    up_under_load)
+    SMALL_ROUTER, Events, StreamingLoad, container_ids, env, kimipd, new_stack, project, small_sim,
+    small_values, up_under_load)
 from tests.integration.sim import SMALL_NODES, SimCluster
 
 pytestmark = pytest.mark.timeout(1800)
@@ -288,6 +288,29 @@ def test_a_second_up_on_the_same_stack_is_refused_by_the_lock(
         stack.up()
     assert "locked" in str(error.value)
     assert first.join() is None, f"the first up was harmed: {first.error}"
+    all_running(sim)
+
+
+def test_a_new_checkpoint_on_1p1d_is_an_outage_that_never_pairs_two(
+        stack: auto.Stack, project: Project, sim: SimCluster) -> None:
+    """`model.path` changed on one group of each mode (both modes' KV contract) under load:
+    no router may hold both checkpoints, so nothing serves from prefill's drain until the new
+    decode is admitted (the outage the review names), and no answer pairs the two (the decode
+    stand-ins mark such an answer)."""
+    model = small_values(sim)["model"] | {"path": "/data/models/Kimi-K3-0912"}
+    project.update_stack("faults", {"model": model})
+    started = time.monotonic()
+    with StreamingLoad(rate=5.0, url=SMALL_ROUTER) as load:
+        time.sleep(2)
+        stack.up()
+        time.sleep(3)
+    failed = load.failed()
+    outage = (failed[-1].sent - failed[0].sent) if failed else 0.0
+    print(load.summary(f"1P1D model.path changed in {time.monotonic() - started:.0f}s")
+          + f"; failures sent within {outage:.1f}s")
+    assert load.mixed() == [], f"{len(load.mixed())} answers of two checkpoints"
+    # Serving again after the rollout: the last answers are whole.
+    assert load.results[-1].ok, load.results[-1].outcome
     all_running(sim)
 
 

@@ -179,8 +179,8 @@ def test_membership_commands_run_on_the_router_node_with_the_rollout(pro6000: di
     drain = drain_command(cfg, "decode")
     assert drain.startswith("python3 /opt/kimipd/router-members.py drain ")
     assert "--url http://174.1.60.5:30000 --rollout one-group-at-a-time --drain-timeout 600" in drain
-    assert "--bootstrap-port 8998" in admit_command(cfg, "prefill")
-    assert "--bootstrap-port" not in admit_command(cfg, "decode")
+    assert "--bootstrap-port 8998" in admit_command(cfg, "prefill", "c0")
+    assert "--bootstrap-port" not in admit_command(cfg, "decode", "c0")
     ready = router_ready_command(cfg)
     assert "--expect http://174.1.60.1:30000 --expect http://174.1.60.5:30000" in ready
 
