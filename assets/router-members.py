@@ -242,9 +242,15 @@ def drain(args, routers: list[Router], state: State) -> int:
     # waits for two replacements, each of which may take up to the gate timeout.
     last_said, said_at, reason_since = "", 0.0, start
     idle: str | None = None
+    # What the routers hold: a change is progress (a change of contract moves the groups of
+    # the other half between the slots while this one waits for its peer), and starts the
+    # bound again.
+    registrations: frozenset[tuple[str, str]] = frozenset()
     while True:
         with state.locked():
             live = answering(routers)
+            held_now = frozenset((router.url, str(w.get("url"))) for router, workers in live
+                                 for w in workers)
             if not live and not rolling:
                 log(f"{group}: no router answers GET /workers; nothing to drain")
                 return 0
@@ -289,9 +295,11 @@ def drain(args, routers: list[Router], state: State) -> int:
         now = time.monotonic()
         elapsed = now - start
         reason = waiting_for.split(" (")[0]
-        if reason != last_said:
+        if reason != last_said or held_now != registrations:
             reason_since = now
-        # Waiting this long for one holder (or one missing peer): its gate has failed by now.
+        registrations = held_now
+        # Waiting this long for one holder (or one missing peer), with nothing registered or
+        # removed meanwhile: its gate has failed by now.
         # Not the lease's age: a lease left by an earlier, failed `up` is taken again by its
         # holder when that group's replacement is retried.
         if now - reason_since >= args.timeout:
