@@ -61,7 +61,8 @@ def outputs_of(stack: auto.Stack) -> dict:
 def test_1p1d_becomes_2p2d_in_one_up(stack: auto.Stack, project: Project,
                                      sim: SimCluster) -> None:
     """Each node's rank container is replaced in place (named by node and mode), so no new
-    group starts beside an old one's ports; prefill before decode before the router."""
+    group starts beside an old one's ports; each decode group after its half's prefill group,
+    the router after every group."""
     project.update_stack(STACK, two_by_two(sim))
     preview = Events()
     stack.preview(on_event=preview)
@@ -73,11 +74,14 @@ def test_1p1d_becomes_2p2d_in_one_up(stack: auto.Stack, project: Project,
     assert all("replace" in found and not {"create", "delete"} & found for found in ops.values())
     events = Events()
     result = stack.up(on_event=events)
-    prefill_done = max(events.index("done", "create-replacement", name, CONTAINER)
-                       for name in PREFILL_RANKS)
+    # Each decode group after its own half of the prefill groups (decode-a after prefill-a,
+    # decode-b after prefill-b: components/cluster.paired_prefill).
+    prefill_done = [events.index("done", "create-replacement", name, CONTAINER)
+                    for name in PREFILL_RANKS]
     decode_created = [events.index("pre", "create-replacement", name, CONTAINER)
                       for name in DECODE_RANKS]
-    assert prefill_done < min(decode_created), "decode started before every prefill rank"
+    for prefill, decode in zip(prefill_done, decode_created, strict=True):
+        assert prefill < decode, "a decode group started before its prefill group's rank"
     assert max(decode_created) < events.index("pre", "create-replacement", "router", CONTAINER)
     outputs = {key: value.value for key, value in result.outputs.items()}
     assert sorted(outputs["groups"]) == sorted(GROUPS_2P2D)
