@@ -243,7 +243,9 @@ def test_destroy_runs_in_reverse_order_and_keeps_images(stack: auto.Stack, sim: 
     prefill_gone = [events.index("done", "delete", name, CONTAINER) for name in PREFILL_RANKS]
     master_starts = events.index("pre", "delete", "mooncake-master", CONTAINER)
     assert router_gone < min(decode_starts), "decode stopped before the router"
-    assert max(decode_gone) < min(prefill_starts), "prefill stopped before decode"
+    # The reverse of the start: each prefill group after the decode group of its half.
+    for decode, prefill in zip(decode_gone, prefill_starts, strict=True):
+        assert decode < prefill, "a prefill group stopped before its half's decode group"
     assert max(prefill_gone) < master_starts, "mc-master stopped before prefill"
     assert container_ids(sim) == {}
     for node in SMALL_NODES:
