@@ -125,7 +125,7 @@ def small_2p2d_values(sim: SimCluster) -> dict:
     """Pulumi.sim-2p2d.yaml moved to the four small nodes: four groups of one node each (TP8),
     the Mooncake master on prefill-a's node, the router, its door and both slots on decode-a's
     node (the door on two nodes and its virtual IP are the shared 2P2D stack's: test_door.py).
-    For the modules that regroup a small stack to xPyD (test_xpyd.py, test_observability.py)."""
+    For the modules that regroup a small stack to xPyD (test_up.py, test_observability.py)."""
     values = sim_values(sim, "sim-2p2d")
     values["nodes"] = [{"address": node, "gpus": 8} for node in SMALL_NODES]
     values["mooncakeMaster"] = values["mooncakeMaster"] | {"node": SMALL_NODES[0]}
@@ -330,6 +330,16 @@ def container_ids(sim: SimCluster) -> dict[str, str]:
                 name, cid, state = line.split()
                 ids[name if name not in ids else f"{name}@{node}"] = f"{cid} {state}"
     return ids
+
+
+def assert_replaced_only(before: dict[str, str], after: dict[str, str], prefix: str) -> None:
+    """Every container named PREFIX... in BEFORE replaced and running in AFTER (container_ids),
+    every other one as it was."""
+    for name, state in before.items():
+        if name.startswith(prefix):
+            assert after[name] != state and after[name].endswith("running"), name
+        else:
+            assert after[name] == state, f"{name} changed when only {prefix}* was replaced"
 
 
 ROUTER = "http://10.231.60.5:31000"

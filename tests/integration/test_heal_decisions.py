@@ -21,7 +21,7 @@ from pulumi import automation as auto
 
 from sim.automation import Project
 from tests.integration.engine import (  # noqa: F401 - fixtures
-    SMALL_ROUTER, container_ids, env, new_stack, project, settled_status, small_2p2d_values,
+    SMALL_ROUTER, assert_replaced_only, container_ids, env, new_stack, project, settled_status, small_2p2d_values,
     small_sim, status_problems)
 from tests.integration.healing import (
     PASSPHRASE, command_line, decisions, descendants, heal_under_load, healthy_workers,
@@ -101,12 +101,7 @@ def test_a_dry_run_and_a_recent_update_change_nothing_then_one_pass_heals(
     code, line = reconcile_once(project, STACK, tmp_path, "--grace-seconds", "0",
                                 "--human-window-minutes", "0")
     assert (code, line["decision"], line["units"]) == (0, "healed", [GROUP]), line
-    after = container_ids(sim)
-    for name, state in before.items():
-        if name.startswith(f"kimipd-{GROUP}-"):
-            assert after[name] != state and after[name].endswith("running"), name
-        else:
-            assert after[name] == state, f"{name} changed when only {GROUP} was healed"
+    assert_replaced_only(before, container_ids(sim), f"kimipd-{GROUP}-")
     newest = stack.history(page_size=2)
     assert [entry.kind for entry in newest] == ["update", "refresh"]
     assert all(entry.message.startswith(f"kimipd reconcile: heal {GROUP}") for entry in newest)

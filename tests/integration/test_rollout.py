@@ -18,7 +18,7 @@ from pulumi import automation as auto
 
 from sim.automation import Project
 from tests.integration.engine import (  # noqa: F401 - fixtures
-    AUTHORIZED, ROUTER, SHARED_2P2D, StreamingLoad, container_ids, shared_2p2d,
+    AUTHORIZED, ROUTER, SHARED_2P2D, StreamingLoad, assert_replaced_only, container_ids, shared_2p2d,
     shared_2p2d_project, shared_2p2d_sim, shared_2p2d_stack, shared_2p2d_values, up_under_load)
 from tests.integration.sim import SimCluster
 
@@ -123,12 +123,7 @@ def test_restarting_one_decode_group_fails_no_request(stack: auto.Stack, project
     assert watch.fewest == {"prefill": 2, "decode": 1}, watch.fewest
     assert watch.absent(DECODE["decode-b"], "decode"), "decode-b was never drained"
     assert not watch.absent(DECODE["decode-a"], "decode")
-    after = container_ids(sim)
-    for name, state in before.items():
-        if name.startswith("kimipd-decode-b-"):
-            assert after[name] != state and after[name].endswith("running"), name
-        else:
-            assert after[name] == state, f"{name} changed when only decode-b restarted"
+    assert_replaced_only(before, container_ids(sim), "kimipd-decode-b-")
 
 
 def test_a_new_checkpoint_rolls_in_halves_and_never_pairs_two_contracts(
