@@ -300,14 +300,17 @@ class ServingShape:
 
     groups: dict[str, tuple[str, ...]]
     door: bool
+    # MiniLB (`--mini-lb`): its worker list is fixed and nothing admits a group, so nothing keeps
+    # two contracts apart in it.
+    mini_lb: bool = False
 
     @property
     def in_halves(self) -> bool:
         """Behind the door with two or more groups of each mode, a change of contract keeps
         serving: one slot takes the first new prefill and decode while the other serves the old
         ones (assets/router-members.py). Otherwise it is an outage."""
-        return self.door and all(len(self.groups.get(mode, ())) >= 2
-                                 for mode in ("prefill", "decode"))
+        return not self.mini_lb and self.door and all(len(self.groups.get(mode, ())) >= 2
+                                                      for mode in ("prefill", "decode"))
 
 
 def serving_shape(preview: dict[str, Any]) -> ServingShape:
@@ -315,6 +318,7 @@ def serving_shape(preview: dict[str, Any]) -> ServingShape:
     makes: a step's new state, or its old one where it has none)."""
     groups: dict[str, set[str]] = {"prefill": set(), "decode": set()}
     slots: set[str] = set()
+    mini_lb = False
     for step in preview.get("steps", []):
         if step["op"] in ("delete", "delete-replaced", "discard"):
             continue
@@ -326,7 +330,10 @@ def serving_shape(preview: dict[str, Any]) -> ServingShape:
         mode = argv_flags(inputs.get("command") or []).get("--disaggregation-mode", "")
         if labels.get("kimipd.group") and mode in groups:
             groups[mode].add(labels["kimipd.group"])
-        if labels.get("kimipd.role", "").startswith("router-"):
-            slots.add(labels["kimipd.role"])
+        role = labels.get("kimipd.role", "")
+        if role.startswith("router-"):
+            slots.add(role)
+        if role.startswith("router") and "--mini-lb" in (inputs.get("command") or []):
+            mini_lb = True
     return ServingShape({mode: tuple(sorted(names)) for mode, names in groups.items()},
-                        len(slots) >= 2)
+                        len(slots) >= 2, mini_lb)

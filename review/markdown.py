@@ -86,6 +86,12 @@ def _contract_section(found: list[Change], shape: ServingShape) -> list[str]:
                      "serve; the other slot then moves to the new contract, and the other groups "
                      "follow. Half the groups of each mode serve during the roll "
                      "(docs/router.md).")
+    elif modes >= {"prefill", "decode"} and shape.mini_lb:
+        lines.append("**MiniLB does not keep the two contracts apart:** its worker list is fixed "
+                     "and nothing admits a group, so while it rolls it may pair a prefill group "
+                     "of one contract with a decode group of the other, and those answers are "
+                     "wrong with status 200. Take the stack out of service first "
+                     "(`serving: false`), or run the rust router (`router.kind: rust`).")
     elif modes >= {"prefill", "decode"}:
         why = ("one group of a mode" if shape.door
                else "one router: no door to keep a slot of each contract")

@@ -84,6 +84,12 @@ def test_a_checkpoint_change_behind_the_door_with_two_groups_of_each_mode_rolls_
     # The same groups without the door: one router, an outage.
     assert "**It is an outage** (2 prefill, 2 decode groups; one router" in render(
         {"steps": steps})
+    # MiniLB: nothing keeps them apart.
+    mini = {"steps": [*steps, _slot("a"), _slot("b")]}
+    for step in mini["steps"][-2:]:
+        step["newState"]["inputs"]["command"] = ["python3", "-m", "sglang_router.launch_router",
+                                                 "--mini-lb"]
+    assert "**MiniLB does not keep the two contracts apart:**" in render(mini)
     # The door with one group of a mode.
     one = [_rank0("prefill-a", "prefill", old, new), _rank0("decode-a", "decode", old, new)]
     assert "(1 prefill, 1 decode groups; one group of a mode)" in render(
