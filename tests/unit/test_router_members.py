@@ -324,3 +324,24 @@ def test_every_group_of_a_mode_dead_is_drained_without_waiting_for_a_peer(
     waited = cluster.members("drain", "decode-a", "--drain-timeout", "5", timeout=2)
     assert waited.returncode == 1 and "no other decode group" in waited.stderr, waited.stderr
     assert "decode-a" in cluster.healthy()
+
+
+def test_without_the_door_a_new_contract_empties_the_router_of_the_old_one(
+        cluster: Cluster) -> None:
+    """One router, no door: the first group admitted under a new serving contract takes the
+    router whole (an outage, never a mix); the old contract's groups join only under the new
+    one, and one left registered nowhere drains without a peer."""
+    for name in ("prefill-a", "decode-a", "decode-b"):
+        assert cluster.members("want", name).returncode == 0
+        admitted = cluster.members("admit", name, "--contract", "c0")
+        assert admitted.returncode == 0, admitted.stderr
+    assert cluster.healthy() == {"prefill-a", "decode-a", "decode-b"}
+    renewed = cluster.members("admit", "decode-b", "--contract", "c1")
+    assert renewed.returncode == 0, renewed.stderr
+    assert "it serves contract c1 from now on" in renewed.stdout, renewed.stdout
+    assert cluster.healthy() == {"decode-b"}
+    assert cluster.members("admit", "prefill-a", "--contract", "c1").returncode == 0
+    assert cluster.healthy() == {"prefill-a", "decode-b"}
+    drained = cluster.members("drain", "decode-a", "--drain-timeout", "5", timeout=5)
+    assert drained.returncode == 0, drained.stderr
+    assert cluster.healthy() == {"prefill-a", "decode-b"}
