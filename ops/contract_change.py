@@ -40,8 +40,15 @@ class ContractChange:
 
 
 def _admission(inputs: Mapping[str, Any] | None) -> tuple[str, str, bool] | None:
-    """(contract, mode, behind the door) of a group's admission command; None for any other."""
-    words = shlex.split(str((inputs or {}).get("create") or ""))
+    """(contract, mode, behind the door) of a group's admission command; None for any other
+    (a command this does not parse as one, a script with a quote of its own among them)."""
+    create = str((inputs or {}).get("create") or "")
+    if MEMBERS_SCRIPT not in create:
+        return None
+    try:
+        words = shlex.split(create)
+    except ValueError:
+        return None
     if not any(word.endswith(MEMBERS_SCRIPT) for word in words) or "admit" not in words:
         return None
 

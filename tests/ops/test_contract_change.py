@@ -47,6 +47,14 @@ def test_the_same_contract_or_a_first_up_names_nothing() -> None:
     assert contract_change([(None, new) for new in admissions(values, "c1")]) is None
 
 
+def test_other_commands_among_the_steps_are_read_past() -> None:
+    """A node's script with a quote of its own (shlex cannot split it), or none at all: not an
+    admission, and the change is still named (kimipd preview once failed on such a step)."""
+    others = [({"create": "echo 'it''s"}, {"create": "echo \"it's"}), (None, {"image": "x"})]
+    change = contract_change([*others, *steps(stack_values("sim-2p2d"), "c0", "c1")])
+    assert change is not None and change.new == "c1"
+
+
 class PreviewingStack:
     """An Automation API stack whose preview reports the admissions' steps."""
 
