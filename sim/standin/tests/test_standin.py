@@ -817,6 +817,11 @@ def pd_groups(launcher):
     return launcher, pg, dg
 
 
+# The real router binds at once (under 2 s idle); beside the set-up's Go build and image builds
+# it has taken more than 20 s (fresh-clone runs of 2026-12-06): a bound with room, not a figure.
+ROUTER_UP_SECONDS = 60
+
+
 def start_router(launcher, pg, dg, extra: List[str]) -> Tuple[Proc, str]:
     port = free_port()
     argv = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
@@ -949,7 +954,7 @@ def test_router_kv_transfer_failure_is_a_500(launcher, side, env):
     wait_healthy(pg)  # healthy although every KV transfer will fail
     wait_healthy(dg)
     router, url = start_router(launcher, pg, dg, ["--mini-lb"])
-    wait_for(lambda: http("GET", url + "/health")[0] == 200, 20, "router up")
+    wait_for(lambda: http("GET", url + "/health")[0] == 200, ROUTER_UP_SECONDS, "router up")
     code, text = http("POST", url + "/generate",
                       {"text": "Hello", "sampling_params": {"max_new_tokens": 4}})
     assert code == 500, text
@@ -990,7 +995,7 @@ def paced_pd(launcher):
     wait_healthy(pg)
     wait_healthy(dg)
     router, url = start_router(launcher, pg, dg, ["--mini-lb"])
-    wait_for(lambda: http("GET", url + "/health")[0] == 200, 20, "router up")
+    wait_for(lambda: http("GET", url + "/health")[0] == 200, ROUTER_UP_SECONDS, "router up")
     # The router's first request costs ~0.2 s more (its client session, connections): not timed.
     code, text = http("POST", url + "/generate",
                       {"text": "warm", "sampling_params": {"max_new_tokens": 1}})
