@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+from types import ModuleType
+
+import sys
+
+import importlib.util
+
 import copy
 import json
 import os
@@ -76,3 +82,20 @@ def pytest_terminal_summary(terminalreporter) -> None:
     for module, seconds in sorted(_module_seconds.items(), key=lambda item: -item[1]):
         terminalreporter.write_line(f"{seconds:8.1f} s  {module}")
     terminalreporter.write_line(f"{sum(_module_seconds.values()):8.1f} s  in all")
+
+
+def asset_script(name: str) -> ModuleType:
+    """assets/NAME as a module (it imports router_api.py beside it), without writing bytecode
+    beside it."""
+    path = REPO / "assets" / name
+    sys.path.insert(0, str(path.parent))
+    bytecode = sys.dont_write_bytecode
+    try:
+        spec = importlib.util.spec_from_file_location(name.replace("-", "_")[:-3], path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(path.parent))
+        sys.dont_write_bytecode = bytecode
+    return module

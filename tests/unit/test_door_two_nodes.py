@@ -4,8 +4,6 @@ other door node, each door sending to both slots at their nodes."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from types import ModuleType
 
 import pytest
@@ -16,7 +14,7 @@ from components.render import (door_haproxy_config, door_plan, drain_command, fi
                                preflight_command, prometheus_targets, restore_command,
                                router_command, router_plan, slot_admit_command,
                                slot_drain_command, slot_url)
-from tests.conftest import REPO
+from tests.conftest import asset_script
 
 ROUTER_NODE, OTHER = "174.1.60.5", "174.1.60.6"
 KEEPALIVED_IMAGE = "registry.example/kimipd/keepalived@sha256:" + "b" * 64
@@ -180,18 +178,7 @@ def test_preflight_asks_for_python3_on_both_door_nodes(cfg: ClusterConfig) -> No
 
 def door_slots() -> ModuleType:
     """assets/door-slots.py as a module (it imports router_api.py beside it)."""
-    script = REPO / "assets" / "door-slots.py"
-    sys.path.insert(0, str(script.parent))
-    bytecode = sys.dont_write_bytecode
-    try:
-        spec = importlib.util.spec_from_file_location("door_slots", script)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(script.parent))
-        sys.dont_write_bytecode = bytecode
-    return module
+    return asset_script("door-slots.py")
 
 
 class FakeDoor:

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib.util
 import itertools
-import sys
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -19,7 +16,7 @@ import pytest
 from components.cluster import paired_prefill
 from components.config import load_cluster_config
 from components.render import contract_digest, serving_contract
-from tests.conftest import REPO, stack_values
+from tests.conftest import asset_script, stack_values
 
 DIGESTS = {"/tmp/patch_k3_sm120.py": "a" * 64}
 
@@ -99,24 +96,8 @@ def test_each_decode_waits_for_its_half_of_the_prefill_groups(
     assert {p for partners in pairs.values() for p in partners} == set(prefill)
 
 
-def script(name: str) -> ModuleType:
-    """An asset script as a module (it imports router_api.py beside it)."""
-    path = REPO / "assets" / name
-    sys.path.insert(0, str(path.parent))
-    bytecode = sys.dont_write_bytecode
-    try:
-        spec = importlib.util.spec_from_file_location(name.replace("-", "_")[:-3], path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(path.parent))
-        sys.dont_write_bytecode = bytecode
-    return module
-
-
 def test_one_router_gets_the_groups_of_one_contract() -> None:
-    api = script("router_api.py")
+    api = asset_script("router_api.py")
     modes = {"p1": "prefill", "p2": "prefill", "d1": "decode", "d2": "decode"}
     # Before a rollout, or groups admitted before contracts were recorded: all of them.
     assert api.one_contract(modes, {g: "c0" for g in modes}, "c0") == set(modes)
@@ -197,7 +178,7 @@ class Node:
 
     def __init__(self, tmp_path, monkeypatch: pytest.MonkeyPatch, slots: list[str | None],
                  groups: dict[str, str]) -> None:
-        self.members = script("router-members.py")
+        self.members = asset_script("router-members.py")
         self.groups = groups
         self.urls = {group: f"http://10.9.9.{i}:30000" for i, group in enumerate(groups, 1)}
         self.routers = [MemoryRouter(f"http://127.0.0.1:{31001 + i}", slot)
@@ -221,9 +202,12 @@ class Node:
             interval=0.01, silent_grace=0.05,
             door_socket="/door.sock" if self.door is not None else None, **more)
 
-    def want_all(self) -> None:
+    def want_all(self, contract: str) -> None:
+        """Every group wanted and admitted under CONTRACT."""
         for group, mode in self.groups.items():
             self.state.mark(self.state.marker(group), f"{mode} {self.urls[group]} -")
+        for group in self.groups:
+            self.admit(group, contract)
 
     def admit(self, group: str, contract: str) -> None:
         self.members.admit(self.args(group, contract=contract), self.routers, self.state)
@@ -255,9 +239,7 @@ class Node:
 def test_a_new_contract_rolls_in_halves_behind_the_door_and_never_mixes(
         tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     node = Node(tmp_path, monkeypatch, ["slot-a", "slot-b"], GROUPS)
-    node.want_all()
-    for group in GROUPS:
-        node.admit(group, "c0")
+    node.want_all("c0")
     assert node.serving() == ["slot-a", "slot-b"]
 
     # The DAG's order: prefill-b first (the prefill lease), then its half's decode.
@@ -290,9 +272,7 @@ def test_one_group_of_each_mode_is_an_outage_that_never_mixes(
         tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     groups = {"prefill": "prefill", "decode": "decode"}
     node = Node(tmp_path, monkeypatch, ["slot-a", "slot-b"], groups)
-    node.want_all()
-    node.admit("prefill", "c0")
-    node.admit("decode", "c0")
+    node.want_all("c0")
     node.drain("prefill")
     assert node.serving() == []
     node.admit("prefill", "c1")
@@ -306,9 +286,7 @@ def test_one_group_of_each_mode_is_an_outage_that_never_mixes(
 def test_without_the_door_the_router_takes_the_new_contract_at_once(
         tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     node = Node(tmp_path, monkeypatch, [None], GROUPS)
-    node.want_all()
-    for group in GROUPS:
-        node.admit(group, "c0")
+    node.want_all("c0")
     node.drain("prefill-b")
     node.admit("prefill-b", "c1")
     # One router: the old contract's groups leave it (an outage until a decode of the new one).
@@ -325,9 +303,7 @@ def test_without_the_door_the_router_takes_the_new_contract_at_once(
 def test_a_new_router_halfway_through_gets_the_contract_that_serves(
         tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     node = Node(tmp_path, monkeypatch, ["slot-a", "slot-b"], GROUPS)
-    node.want_all()
-    for group in GROUPS:
-        node.admit(group, "c0")
+    node.want_all("c0")
     node.drain("prefill-b")
     node.admit("prefill-b", "c1")
     fresh = MemoryRouter("http://127.0.0.1:31009", "slot-b")
