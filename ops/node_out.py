@@ -156,8 +156,10 @@ class OutUpdate:
         """The preview as the engine prints it, then a change of the serving contract named
         with how it will roll (ops/contract_change.py)."""
         steps = StepInputs()
-        self.engine.stack.preview(exclude=urns or None, diff=diff, on_event=steps,
-                                  on_output=lambda line: self._say(line))
+        with self.engine.policy() as policy:
+            self.engine.stack.preview(exclude=urns or None, diff=diff, on_event=steps,
+                                      on_output=lambda line: self._say(line),
+                                      **policy.arguments())
         change = steps.change()
         if change is not None:
             self._say(change.note())
@@ -178,8 +180,9 @@ class OutUpdate:
                 self._say("kimipd up: not confirmed; nothing changed")
                 return 1
         try:
-            stack.up(exclude=urns or None, diff=diff, message=message, show_secrets=False,
-                     on_output=lambda line: self._say(line))
+            with self.engine.policy() as policy:
+                stack.up(exclude=urns or None, diff=diff, message=message, show_secrets=False,
+                         on_output=lambda line: self._say(line), **policy.arguments())
         except auto.CommandError as error:
             self._say(f"kimipd up: the update failed; {len(urns)} resources of the nodes out "
                       f"stay in the state: {str(error).strip().splitlines()[-1][:300]}")

@@ -13,6 +13,7 @@ from . import USAGE
 from . import reconcile as reconcile_command
 from .arguments import common, not_negative, positive
 from .heal_policy import REFUSED, SERVING, WAITING, Limits
+from .policy_pack import require_pack
 from .remote import SshTransport, Transport
 from .stack import Access, PulumiCli, StackError, load_stack
 
@@ -80,6 +81,8 @@ def run(args: argparse.Namespace,
         return USAGE
     try:
         name = args.stack or PulumiCli(None, args.cwd).stack_name()
+        if not args.dry_run:
+            require_pack()  # every heal runs the policy pack: refused at start, not at a heal
     except StackError as error:
         print(f"kimipd: {error}", file=sys.stderr)
         return REFUSED

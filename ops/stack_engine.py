@@ -14,7 +14,7 @@ import os
 import runpy
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import chdir
+from contextlib import AbstractContextManager, chdir
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -23,7 +23,8 @@ import yaml
 from pulumi import automation as auto
 
 from .heal_policy import UpdateEntry
-from .stack import REPO
+from .policy_pack import PolicyRun, policy_run
+from .stack import REPO, config_values
 from .state_urns import container_urns
 
 
@@ -45,9 +46,20 @@ _ENGINE_NOISE = ("update failed", "refresh failed", "preview failed")
 
 def failures_from_events(events: list[auto.EngineEvent]) -> list[dict[str, str]]:
     """Each resource whose step failed, with the error lines its provider gave (the last 1500
-    characters: a remote command's error ends with its stderr), in the order they failed."""
+    characters: a remote command's error ends with its stderr), in the order they failed; and
+    each resource the policy pack refused (mandatory), with the policy and its message."""
     found: dict[str, dict[str, str]] = {}
     for event in events:
+        violation = event.policy_event
+        if (violation is not None and violation.enforcement_level == "mandatory"
+                and violation.resource_urn):
+            entry = found.setdefault(violation.resource_urn, {
+                "resource": violation.resource_urn.rsplit("::", 1)[-1],
+                "type": violation.resource_urn.rsplit("::", 2)[-2].rsplit("$", 1)[-1],
+                "error": ""})
+            entry["error"] = (entry["error"] + f"\npolicy {violation.policy_name} (mandatory): "
+                              + violation.message.strip()).strip()[-1500:]
+            continue
         diagnostic = event.diagnostic_event
         if diagnostic is None or diagnostic.severity != "error" or not diagnostic.urn:
             continue
@@ -138,6 +150,15 @@ class StackEngine:
         return config_fingerprint({key: {"value": value.value, "secret": value.secret}
                                    for key, value in config.items()})
 
+    def config_values(self) -> dict[str, Any]:
+        """The stack's `kimipd:` config, namespace stripped, secrets left out."""
+        return config_values({key: {"value": value.value, "secret": value.secret}
+                              for key, value in self.stack.get_all_config().items()})
+
+    def policy(self) -> AbstractContextManager[PolicyRun]:
+        """The policy pack, told this stack's config: every preview and up names it."""
+        return policy_run(self.config_values())
+
     def pending_steps(self) -> dict[str, int]:
         """What `pulumi preview` (no refresh) would do: the config against the state. A stack
         that converged previews every resource `same`."""
@@ -163,8 +184,9 @@ class StackEngine:
 
         try:
             self.stack.refresh(message=message, show_secrets=False, on_event=seen)
-            result = self.stack.up(message=message, show_secrets=False, on_event=seen,
-                                   replace=list(replace) or None)
+            with self.policy() as policy:
+                result = self.stack.up(message=message, show_secrets=False, on_event=seen,
+                                       replace=list(replace) or None, **policy.arguments())
         except auto.ConcurrentUpdateError as error:
             raise StackLocked(str(error).strip().splitlines()[-1][:300]) from None
         except auto.CommandError as error:

@@ -17,12 +17,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from pulumi import automation as auto
 
 from sim.automation import Project
 from tests.integration.engine import (  # noqa: F401 - fixtures
-    SMALL_ROUTER, assert_replaced_only, container_ids, env, new_stack, project, settled_status, small_2p2d_values,
-    small_sim, status_problems)
+    SMALL_ROUTER, assert_replaced_only, container_ids, env, kimipd, new_stack, project, settled_status,
+    small_2p2d_values, small_sim, status_problems)
 from tests.integration.healing import (
     PASSPHRASE, command_line, decisions, descendants, heal_under_load, healthy_workers,
     kill_server, reconcile_once, reconcile_service, wait_exited)
@@ -97,6 +98,28 @@ def test_a_dry_run_and_a_recent_update_change_nothing_then_one_pass_heals(
         assert len(stack.history()) == history and container_ids(sim) == before
     finally:
         (locks / "held-by-test.json").unlink()
+
+    # A change the policy pack refuses (a privileged container: the program takes it, the
+    # pack does not) is stopped on each path that changes the stack, with the pack's message,
+    # before anything on the nodes changes: the heal's up, `kimipd preview` and `kimipd up`.
+    values = yaml.safe_load((project.directory / f"Pulumi.{STACK}.yaml").read_text())["config"]
+    project.update_stack(STACK, {"container": values["kimipd:container"] | {"privileged": True}})
+    (tmp_path / "refused").mkdir()
+    try:
+        code, line = reconcile_once(project, STACK, tmp_path / "refused", "--grace-seconds",
+                                    "0", "--human-window-minutes", "0")
+        assert (code, line["decision"], line["units"]) == (1, "heal-failed", [GROUP]), line
+        assert any(failure["error"].startswith("policy kimipd-no-privileged (mandatory)")
+                   for failure in line["failures"]), line
+        for command in (["preview"], ["up", "--yes"]):
+            refused = kimipd(project, STACK, *command)
+            output = refused.stdout + refused.stderr
+            assert refused.returncode != 0, output[-3000:]
+            assert "kimipd-no-privileged" in output and "mandatory" in output.lower(), \
+                output[-3000:]
+        assert container_ids(sim) == before, "a change the policy pack refused touched a node"
+    finally:
+        project.update_stack(STACK, {"container": values["kimipd:container"]})
 
     code, line = reconcile_once(project, STACK, tmp_path, "--grace-seconds", "0",
                                 "--human-window-minutes", "0")

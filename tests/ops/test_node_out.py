@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import io
 import json
+from contextlib import nullcontext
 
 from pulumi import automation as auto
 
 from ops.node_out import (OutUpdate, out_addresses, preview_deletes, resources_on,
                           state_resources)
+from ops.policy_pack import PolicyRun
 from ops.reconcile import failure_summary
 from ops.stack_engine import failures_from_events
 
@@ -120,7 +122,8 @@ class FakeStack:
     def export_stack(self) -> auto.Deployment:
         return auto.Deployment(version=3, deployment=STATE["deployment"])
 
-    def preview(self, on_event=None, exclude=None, diff=False, on_output=None) -> None:
+    def preview(self, on_event=None, exclude=None, diff=False, on_output=None,
+                policy_packs=None, policy_pack_configs=None) -> None:
         self.calls.append(("preview", exclude))
         for urn in (NODE8, GROUP, GROUP + "-r0"):
             if on_event is not None:
@@ -129,8 +132,10 @@ class FakeStack:
                         op=auto.OpType.DELETE, urn=urn, type="", provider="")))))
 
     def up(self, exclude=None, diff=False, message=None, on_output=None,
-           show_secrets=True) -> None:
+           show_secrets=True, policy_packs=None, policy_pack_configs=None) -> None:
         assert not show_secrets
+        # Every update names the policy pack, with this stack's config for it.
+        assert (policy_packs, policy_pack_configs) == (POLICY.packs, POLICY.configs)
         self.calls.append(("up", exclude))
         if self.fail_up:
             raise auto.CommandError(auto.CommandResult("", "error: a gate failed", 1))
@@ -143,9 +148,15 @@ class FakeStack:
         self.calls.append(("destroy", target))
 
 
+POLICY = PolicyRun(packs=["/repo/policy"], configs=["/tmp/policy-config.json"])
+
+
 class FakeEngine:
     def __init__(self, stack: FakeStack) -> None:
         self.stack = stack
+
+    def policy(self) -> nullcontext[PolicyRun]:
+        return nullcontext(POLICY)
 
 
 def test_up_excludes_the_out_nodes_resources_then_drops_exactly_those() -> None:

@@ -10,6 +10,7 @@ import json
 import subprocess
 import threading
 import urllib.request
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from components.config import VerificationSpec
 from ops.heal_policy import MESSAGE_PREFIX, REFUSED, SERVING, WAITING, Limits, UpdateEntry
+from ops.policy_pack import PolicyRun
 from ops.reconcile import MetricsEndpoint, ReconcileMetrics, Reconciler, Settings, load_memory
 from ops.stack import Access, Stack, StackError, Topology
 from ops.stack_engine import (HealFailed, StackEngine, StackLocked, config_fingerprint,
@@ -347,6 +349,7 @@ def test_a_heals_refresh_and_up_events_also_reach_its_observer() -> None:
     # Without its constructor: no CLI, no workspace; the stack is the stand-in above.
     engine = StackEngine.__new__(StackEngine)
     engine.stack, engine.on_event = Stack(), seen.append
+    engine.policy = lambda: nullcontext(PolicyRun(packs=[], configs=[]))  # type: ignore[method-assign]
     assert engine.heal("kimipd reconcile: heal router-a") == {"replace": 1, "same": 9}
     assert seen == ["refresh event", "up event"]
 
