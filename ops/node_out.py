@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from pulumi import automation as auto
-from pulumi.runtime import rpc
 
 from .contract_change import StepInputs
 from .stack_engine import StackEngine
@@ -48,9 +47,9 @@ class StateResource:
 
 
 # How a secret value reads in `pulumi stack export --show-secrets` (the Automation API's
-# export): the SDK's signature key and secret signature, the value as JSON text under
-# "plaintext".
-SECRET_SIGNATURE = (rpc._special_sig_key, rpc._special_secret_sig)  # noqa: SLF001
+# export): the state format's signature key and secret signature (Pulumi's
+# sdk/go/common/resource/sig: `Key`, `Secret`), the value as JSON text under "plaintext".
+SECRET_SIGNATURE = ("4dabf18193072939515e22adb298388d", "1b47061264138c4ac30d75fd1eb44270")
 
 
 def _revealed(value: Any) -> Any:
@@ -213,9 +212,7 @@ class OutUpdate:
     def _state_delete(self, urns: list[str]) -> None:
         """`pulumi state delete`, children before parents (a parent with a child still in the
         state is refused); it contacts nothing."""
-        if urns:
-            self.engine.stack._run_pulumi_cmd_sync(  # noqa: SLF001 - no API for it
-                ["state", "delete", *reversed(urns), "--yes", "--force"])
+        self.engine.delete_from_state(list(reversed(urns)))
 
     def _announce(self, addresses: list[str], urns: list[str], operation: str) -> None:
         if urns:

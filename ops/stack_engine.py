@@ -24,7 +24,7 @@ from pulumi import automation as auto
 
 from .heal_policy import UpdateEntry
 from .policy_pack import PolicyRun, policy_run
-from .stack import REPO, config_values
+from .stack import REPO, StackError, config_values
 from .state_urns import container_urns
 
 
@@ -110,13 +110,23 @@ def _summary(entry: auto.UpdateSummary) -> UpdateEntry:
                        result=entry.result)
 
 
+def run_cli(workspace: auto.LocalWorkspace, args: Sequence[str]) -> auto.CommandResult:
+    """A pulumi command the Automation API has no method for, run as its own are: by the
+    workspace's CLI, in its directory, with its PULUMI_HOME and environment."""
+    if workspace.pulumi_command is None:
+        raise StackError("the Automation API's workspace has no pulumi CLI")
+    env = {"PULUMI_HOME": workspace.pulumi_home} if workspace.pulumi_home else {}
+    return workspace.pulumi_command.run(list(args), workspace.work_dir,
+                                        env | dict(workspace.env_vars or {}))
+
+
 class _Workspace(auto.LocalWorkspace):
     """Finds the stack without selecting it: `pulumi stack select` is the operator's global
     state, and a person's next `pulumi up` without `-s` would act on the stack reconcile chose.
     Every command the Stack runs names its stack (`--stack`)."""
 
     def select_stack(self, stack_name: str) -> None:
-        self._run_pulumi_cmd_sync(["stack", "--stack", stack_name])
+        run_cli(self, ["stack", "--stack", stack_name])
 
 
 class StackEngine:
@@ -165,6 +175,13 @@ class StackEngine:
         result = self.stack.preview()
         return {op: count for op, count in (result.change_summary or {}).items()
                 if op != "same" and count}
+
+    def delete_from_state(self, urns: Sequence[str]) -> None:
+        """`pulumi state delete` of URNS in their order (children before parents: a parent with
+        a child still in the state is refused), contacting nothing."""
+        if urns:
+            run_cli(self.stack.workspace, ["state", "delete", *urns, "--yes", "--force",
+                                           "--stack", self.stack.name])
 
     def container_urns(self, containers: Iterable[tuple[str, str]]) -> list[str]:
         """The state's URNs of the containers named by (node, container name)."""

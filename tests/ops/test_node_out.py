@@ -140,9 +140,6 @@ class FakeStack:
         if self.fail_up:
             raise auto.CommandError(auto.CommandResult("", "error: a gate failed", 1))
 
-    def _run_pulumi_cmd_sync(self, args: list[str]) -> None:
-        self.calls.append(("cli", args))
-
     def destroy(self, target=None, message=None, on_output=None, show_secrets=True) -> None:
         assert not show_secrets
         self.calls.append(("destroy", target))
@@ -158,6 +155,10 @@ class FakeEngine:
     def policy(self) -> nullcontext[PolicyRun]:
         return nullcontext(POLICY)
 
+    def delete_from_state(self, urns: list[str]) -> None:
+        if urns:
+            self.stack.calls.append(("state-delete", urns))
+
 
 def test_up_excludes_the_out_nodes_resources_then_drops_exactly_those() -> None:
     stack, out = FakeStack(), io.StringIO()
@@ -168,21 +169,21 @@ def test_up_excludes_the_out_nodes_resources_then_drops_exactly_those() -> None:
     # destroyed for real, before the state delete.
     assert ("destroy", [GROUP + "-r0"]) in stack.calls
 
-    cli = [args for name, args in stack.calls if name == "cli"]
+    deleted = [urns for name, urns in stack.calls if name == "state-delete"]
     # What depends on the leftover leaves the state first, then the leftover is destroyed,
     # then the rest leaves.
     names = [name for name, _ in stack.calls]
-    assert names[-3:] == ["cli", "destroy", "cli"], names
-    assert cli[0] == ["state", "delete", GROUP + "-r1-health", "--yes", "--force"]
+    assert names[-3:] == ["state-delete", "destroy", "state-delete"], names
+    assert deleted[0] == [GROUP + "-r1-health"]
     rest = [urn for urn in excluded if urn != GROUP + "-r1-health"]
-    assert cli[1] == ["state", "delete", *reversed(rest), "--yes", "--force"]
+    assert deleted[1] == list(reversed(rest))
     assert "dropped from the state, none contacted" in out.getvalue()
 
 
 def test_a_failed_up_drops_nothing_and_an_unconfirmed_one_runs_nothing() -> None:
     failing = FakeStack(fail_up=True)
     assert OutUpdate(FakeEngine(failing), io.StringIO()).up(False, True) == 1  # type: ignore[arg-type]
-    assert not [call for call in failing.calls if call[0] == "cli"]
+    assert not [call for call in failing.calls if call[0] == "state-delete"]
     asked = FakeStack()
     update = OutUpdate(FakeEngine(asked), io.StringIO(), confirm=lambda _: "no")  # type: ignore[arg-type]
     assert update.up(False, False) == 1
