@@ -28,7 +28,8 @@ from .door import DoorProbes, DoorReport
 from .firewall_probe import firewall_on_node
 from .probe import HttpAnswer, Prober, Tls, settled, tls_check
 from .remote import CommandTimeout, RemoteError, Transport
-from .stack import ContainerRef, Stack, Topology
+from .stack import Stack
+from .topology import ContainerRef, Topology
 from .virtual_ip import VirtualIpProbes, VirtualIpReport
 
 # The whole path: one token through the router (prefill, KV hand-off, decode).

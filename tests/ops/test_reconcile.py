@@ -21,16 +21,20 @@ from components.config import VerificationSpec
 from ops.heal_policy import MESSAGE_PREFIX, REFUSED, SERVING, WAITING, Limits, UpdateEntry
 from ops.policy_pack import PolicyRun
 from ops.reconcile import MetricsEndpoint, ReconcileMetrics, Reconciler, Settings, load_memory
-from ops.stack import Access, Stack, StackError, Topology
+from ops.stack import Access, Stack, StackError
+from ops.topology import Topology
 from ops.stack_engine import (HealFailed, StackEngine, StackLocked, config_fingerprint,
                                file_backend_locks)
 from tests.ops.loopback import free_port
+from tests.outputs import complete_outputs
 from tests.unit.test_heal_policy import report, row
 
-OUTPUTS = {"serving": True,
-           "groups": {"decode-b": {"mode": "decode", "nodes": ["10.0.0.1"]}},
-           "containers": {"decode-b-r0": {"node": "10.0.0.1", "container": "kimipd-decode-b-r0",
-                                          "healthUrl": "http://10.0.0.1:30000/health"}}}
+OUTPUTS = complete_outputs({
+    "serving": True,
+    "groups": {"decode-b": {"mode": "decode", "endpoint": "http://10.0.0.1:30000",
+                            "nodes": ["10.0.0.1"]}},
+    "containers": {"decode-b-r0": {"node": "10.0.0.1", "container": "kimipd-decode-b-r0",
+                                   "healthUrl": "http://10.0.0.1:30000/health"}}})
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

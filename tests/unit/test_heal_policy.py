@@ -11,7 +11,7 @@ from ops.heal_policy import (MESSAGE_PREFIX, REFUSED, SERVING, WAITING, Breakage
                              Memory, UpdateEntry, assess, breakages, engine_checks, finish_heal,
                              forget_heal, start_heal)
 from ops.probe import HttpAnswer
-from ops.stack import ContainerRef
+from ops.topology import ContainerRef
 from ops.status import Docker, Report, Row
 
 LIMITS = Limits(grace_seconds=60, max_heals_per_hour=2, backoff_seconds=60,
