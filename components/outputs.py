@@ -121,7 +121,7 @@ class DoorNodeOutput(_Output):
     metrics_url: str
     admin_socket: str
     keepalived: KeepalivedOutput
-    peer: str
+    peer: str | None = None  # the other door node (none while it is out)
 
 
 class VirtualIpOutput(_Output):

@@ -158,7 +158,8 @@ class OutUpdate:
         with self.engine.policy() as policy:
             self.engine.stack.preview(exclude=urns or None, diff=diff, on_event=steps,
                                       on_output=lambda line: self._say(line),
-                                      **policy.arguments())
+                                      policy_packs=policy.packs,
+                                      policy_pack_configs=policy.configs)
         change = steps.change()
         if change is not None:
             self._say(change.note())
@@ -181,7 +182,8 @@ class OutUpdate:
         try:
             with self.engine.policy() as policy:
                 stack.up(exclude=urns or None, diff=diff, message=message, show_secrets=False,
-                         on_output=lambda line: self._say(line), **policy.arguments())
+                         on_output=lambda line: self._say(line), policy_packs=policy.packs,
+                         policy_pack_configs=policy.configs)
         except auto.CommandError as error:
             self._say(f"kimipd up: the update failed; {len(urns)} resources of the nodes out "
                       f"stay in the state: {str(error).strip().splitlines()[-1][:300]}")

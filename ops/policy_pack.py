@@ -38,9 +38,6 @@ class PolicyRun:
     packs: list[str]
     configs: list[str]
 
-    def arguments(self) -> dict[str, list[str]]:
-        return {"policy_packs": self.packs, "policy_pack_configs": self.configs}
-
 
 def pack_config(values: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """The pack's config for a stack of config VALUES (`kimipd:` keys, namespace stripped)."""

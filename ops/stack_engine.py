@@ -137,8 +137,8 @@ class StackEngine:
         self.project_dir = project_dir.resolve()
         self.on_event = on_event
         self.project = yaml.safe_load((self.project_dir / "Pulumi.yaml").read_text())["name"]
-        workspace = _Workspace(work_dir=str(self.project_dir), program=self._program)
-        self.stack = auto.Stack.select(stack, workspace)
+        self.workspace = _Workspace(work_dir=str(self.project_dir), program=self._program)
+        self.stack = auto.Stack.select(stack, self.workspace)
 
     def _program(self) -> None:
         if str(REPO) not in sys.path:
@@ -180,8 +180,8 @@ class StackEngine:
         """`pulumi state delete` of URNS in their order (children before parents: a parent with
         a child still in the state is refused), contacting nothing."""
         if urns:
-            run_cli(self.stack.workspace, ["state", "delete", *urns, "--yes", "--force",
-                                           "--stack", self.stack.name])
+            run_cli(self.workspace, ["state", "delete", *urns, "--yes", "--force",
+                                     "--stack", self.stack.name])
 
     def container_urns(self, containers: Iterable[tuple[str, str]]) -> list[str]:
         """The state's URNs of the containers named by (node, container name)."""
@@ -203,7 +203,9 @@ class StackEngine:
             self.stack.refresh(message=message, show_secrets=False, on_event=seen)
             with self.policy() as policy:
                 result = self.stack.up(message=message, show_secrets=False, on_event=seen,
-                                       replace=list(replace) or None, **policy.arguments())
+                                       replace=list(replace) or None,
+                                       policy_packs=policy.packs,
+                                       policy_pack_configs=policy.configs)
         except auto.ConcurrentUpdateError as error:
             raise StackLocked(str(error).strip().splitlines()[-1][:300]) from None
         except auto.CommandError as error:

@@ -215,7 +215,8 @@ class Topology:
             return list(self.containers)
         chosen = []
         for ref in self.containers:
-            mode = self.groups[ref.group].mode if ref.group in self.groups else None
+            group = self.groups.get(ref.group) if ref.group is not None else None
+            mode = group.mode if group is not None else None
             if any(ref.role.startswith(s) or s in (ref.group, mode) for s in wanted):
                 chosen.append(ref)
         return chosen

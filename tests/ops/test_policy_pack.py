@@ -43,7 +43,6 @@ def test_the_config_file_lives_as_long_as_the_update(tmp_path: Path) -> None:
         (config,) = run.configs
         assert json.loads(Path(config).read_text()) == pack_config(
             {"network": {"managementInterface": "eno1"}})
-        assert run.arguments() == {"policy_packs": run.packs, "policy_pack_configs": run.configs}
     assert not Path(config).exists()
 
 
