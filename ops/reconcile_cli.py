@@ -14,6 +14,7 @@ from . import reconcile as reconcile_command
 from .arguments import common, not_negative, positive
 from .heal_policy import REFUSED, SERVING, WAITING, Limits
 from .policy_pack import require_pack
+from .reconcile_metrics import MetricsEndpoint
 from .remote import SshTransport, Transport
 from .stack import Access, PulumiCli, StackError, load_stack
 
@@ -108,7 +109,7 @@ def run(args: argparse.Namespace,
         return REFUSED
     if args.metrics_listen:
         host, _, port = args.metrics_listen.rpartition(":")
-        reconciler.endpoint = reconcile_command.MetricsEndpoint(
+        reconciler.endpoint = MetricsEndpoint(
             host or "127.0.0.1", int(port), reconciler.metrics.registry)
     try:
         if not args.watch:

@@ -20,7 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from components.config import VerificationSpec
 from ops.heal_policy import MESSAGE_PREFIX, REFUSED, SERVING, WAITING, Limits, UpdateEntry
 from ops.policy_pack import PolicyRun
-from ops.reconcile import MetricsEndpoint, ReconcileMetrics, Reconciler, Settings, load_memory
+from ops.reconcile import Reconciler, Settings, load_memory
+from ops.reconcile_metrics import MetricsEndpoint, ReconcileMetrics
 from ops.stack import Access, Stack, StackError
 from ops.topology import Topology
 from ops.stack_engine import (HealFailed, StackEngine, StackLocked, config_fingerprint,
