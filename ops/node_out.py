@@ -16,8 +16,12 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from pulumi import automation as auto
+from pydantic import ValidationError
+
+from components.config import NodeSpec
 
 from .contract_change import StepInputs
+from .stack import StackError, config_values
 from .stack_engine import StackEngine
 from .state_urns import DOCKER_PROVIDER, docker_host_address
 
@@ -104,11 +108,14 @@ def dependents_of(resources: Iterable[StateResource], urns: Iterable[str]) -> se
 
 def out_addresses(config: Mapping[str, Any]) -> list[str]:
     """The nodes the stack's config takes out (`pulumi config --json`'s shape: key -> value,
-    a structured one as JSON text)."""
-    text = (config.get("kimipd:nodes") or {}).get("value")
-    value = json.loads(text) if isinstance(text, str) else None
-    return [node["address"] for node in value or []
-            if isinstance(node, Mapping) and node.get("out") in (True, "true")]
+    a structured one as JSON text), read by the config's own node model: an update that takes
+    a node out has not yet put it in the outputs."""
+    try:
+        nodes = [NodeSpec.model_validate(node)
+                 for node in config_values(config).get("nodes") or []]
+    except ValidationError as error:
+        raise StackError(f"kimipd:nodes: {error}") from None
+    return [node.address for node in nodes if node.out]
 
 
 def preview_deletes(steps: Iterable[Mapping[str, Any]]) -> set[str]:
@@ -132,7 +139,7 @@ class OutUpdate:
         """(out node addresses, the URNs of the state's resources on them, every URN the
         update deletes)."""
         stack = self.engine.stack
-        addresses = out_addresses({key: {"value": value.value}
+        addresses = out_addresses({key: {"value": value.value, "secret": value.secret}
                                    for key, value in stack.get_all_config().items()})
         if not addresses:
             return [], [], set()

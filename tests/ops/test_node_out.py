@@ -79,7 +79,11 @@ def test_the_config_names_its_out_nodes() -> None:
     config = {"kimipd:nodes": {"value": '[{"address": "10.0.0.1"}, '
                                         '{"address": "10.0.0.2", "out": true}]',
                                "objectValue": [{"address": "10.0.0.1"},
-                                               {"address": "10.0.0.2", "out": True}]}}
+                                               {"address": "10.0.0.2", "out": True}],
+                               "secret": False}}
+    assert out_addresses(config) == ["10.0.0.2"]
+    # As the Automation API gives it: JSON text, no objectValue.
+    del config["kimipd:nodes"]["objectValue"]
     assert out_addresses(config) == ["10.0.0.2"]
     assert out_addresses({}) == []
     assert preview_deletes([{"op": "delete", "urn": "a"}, {"op": "same", "urn": "b"},
