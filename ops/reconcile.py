@@ -45,6 +45,7 @@ from .remote import RemoteError, Transport
 from .stack import Access, Stack, StackError
 from .stack_engine import HealFailed, StackEngine, StackLocked
 from .reconcile_metrics import MetricsEndpoint, ReconcileMetrics
+from .verdict import Report
 from .virtual_ip import VirtualIpReport
 
 # A slot's restore on router.node: the router answers at once, registering takes a request per
@@ -97,7 +98,7 @@ class Reconciler:
                  transport_factory: Callable[[Access], Transport],
                  engine_factory: Callable[[], StackEngine] | None = None,
                  clock: Callable[[], float] = time.time,
-                 status: Callable[[Stack, Transport, Prober], status_command.Report]
+                 status: Callable[[Stack, Transport, Prober], Report]
                  | None = None) -> None:
         self.settings = settings
         self.load = load
@@ -223,7 +224,7 @@ class Reconciler:
                         f"on {door.node} (no container changed)", SERVING, details)
 
     def _status(self, stack: Stack, transport: Transport,
-                prober: Prober) -> status_command.Report:
+                prober: Prober) -> Report:
         # The whole-path probe is left out: alone it heals nothing (see breakages).
         topology = dataclasses.replace(stack.topology, generate_url=None)
         # The key: each slot's GET /workers, so a slot that lacks a group is seen.

@@ -22,9 +22,9 @@ from urllib.parse import unquote, urlsplit
 import yaml
 from pulumi import automation as auto
 
-from .heal_policy import UpdateEntry
 from .policy_pack import PolicyRun, policy_run
 from .stack import REPO, StackError, config_values
+from .stack_engine_types import UpdateEntry
 from .state_urns import container_urns
 
 

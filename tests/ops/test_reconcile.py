@@ -18,7 +18,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from components.config import VerificationSpec
-from ops.heal_policy import MESSAGE_PREFIX, REFUSED, SERVING, WAITING, Limits, UpdateEntry
+from ops.heal_policy import MESSAGE_PREFIX, REFUSED, SERVING, WAITING, Limits
+from ops.stack_engine_types import UpdateEntry
 from ops.policy_pack import PolicyRun
 from ops.reconcile import Reconciler, Settings, load_memory
 from ops.reconcile_metrics import MetricsEndpoint, ReconcileMetrics

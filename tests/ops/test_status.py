@@ -18,7 +18,8 @@ from ops import probe as probe_module
 from ops.cli import main
 from ops.probe import Prober
 from ops.topology import Topology
-from ops.status import collect, note_lost_since
+from ops.status import collect
+from ops.verdict import note_lost_since
 from ops.status_render import render
 from tests.ops.loopback import LocalNodes, LoopbackCluster, start_cluster, stop_cluster
 
