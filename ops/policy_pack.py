@@ -3,7 +3,10 @@ heal `kimipd reconcile` runs. On a file backend a pack runs only where a command
 of these names it; a mandatory violation stops the update before any resource is touched.
 
 The pack is told the stack's own management interface (`kimipd:network.managementInterface`),
-so its NCCL/GLOO rule judges the interface this stack keeps off the compute path."""
+so its NCCL/GLOO rule judges the interface this stack keeps off the compute path; a file
+`Pulumi.STACK.policy.json` beside the stack file, when there is one, adds to or overrides that
+per policy (`{"kimipd-no-privileged": {"allowPrivileged": true}}`), as `--policy-pack-config`
+would."""
 
 from __future__ import annotations
 
@@ -60,11 +63,38 @@ def require_pack(pack: Path | None = None) -> Path:
     return pack
 
 
+def stack_policy_file(project_dir: Path, stack: str) -> Path:
+    """The operator's own config of the pack for STACK, beside its stack file."""
+    return project_dir / f"Pulumi.{stack}.policy.json"
+
+
+def operator_config(path: Path) -> dict[str, dict[str, Any]]:
+    """PATH's policies and their settings ({} without the file), or a StackError naming it."""
+    if not path.exists():
+        return {}
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise StackError(f"{path}: not JSON the policy pack takes ({error}); it maps a "
+                         'policy to its settings: {"kimipd-no-privileged": '
+                         '{"allowPrivileged": true}}') from None
+    if not isinstance(document, dict) or not all(isinstance(entry, dict)
+                                                  for entry in document.values()):
+        raise StackError(f"{path}: maps a policy to its settings: "
+                         '{"kimipd-no-privileged": {"allowPrivileged": true}}')
+    return document
+
+
 @contextmanager
-def policy_run(values: Mapping[str, Any], pack: Path | None = None) -> Iterator[PolicyRun]:
-    """The pack and this stack's config for it, in a file that lives as long as the update."""
+def policy_run(values: Mapping[str, Any], pack: Path | None = None,
+               operator_file: Path | None = None) -> Iterator[PolicyRun]:
+    """The pack and this stack's config for it (OPERATOR_FILE's settings over the derived ones),
+    in a file that lives as long as the update."""
     pack = require_pack(pack)
+    config = pack_config(values)
+    for policy, settings in (operator_config(operator_file) if operator_file else {}).items():
+        config[policy] = config.get(policy, {}) | settings
     with tempfile.TemporaryDirectory(prefix="kimipd-policy-") as directory:
-        config = Path(directory) / "policy-config.json"
-        config.write_text(json.dumps(pack_config(values), indent=2))
-        yield PolicyRun(packs=[str(pack)], configs=[str(config)])
+        path = Path(directory) / "policy-config.json"
+        path.write_text(json.dumps(config, indent=2))
+        yield PolicyRun(packs=[str(pack)], configs=[str(path)])

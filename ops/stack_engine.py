@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlsplit
 import yaml
 from pulumi import automation as auto
 
-from .policy_pack import PolicyRun, policy_run
+from .policy_pack import PolicyRun, policy_run, stack_policy_file
 from .stack import REPO, StackError, config_values
 from .stack_engine_types import UpdateEntry
 from .state_urns import container_urns
@@ -167,7 +167,8 @@ class StackEngine:
 
     def policy(self) -> AbstractContextManager[PolicyRun]:
         """The policy pack, told this stack's config: every preview and up names it."""
-        return policy_run(self.config_values())
+        return policy_run(self.config_values(),
+                          operator_file=stack_policy_file(self.project_dir, self.stack.name))
 
     def pending_steps(self) -> dict[str, int]:
         """What `pulumi preview` (no refresh) would do: the config against the state. A stack

@@ -9,6 +9,7 @@ Tests run in file order on one stack."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -99,30 +100,40 @@ def test_a_dry_run_and_a_recent_update_change_nothing_then_one_pass_heals(
     finally:
         (locks / "held-by-test.json").unlink()
 
-    # A change the policy pack refuses (a privileged container: the program takes it, the
-    # pack does not) is stopped on each path that changes the stack, with the pack's message,
-    # before anything on the nodes changes: the heal's up, `kimipd preview` and `kimipd up`.
+    # The policy pack stops each path that changes the stack, with its message, before a node
+    # changes. A change it refuses (a privileged container: the program takes it, the pack does
+    # not), at `kimipd preview` and `kimipd up`:
     values = yaml.safe_load((project.directory / f"Pulumi.{STACK}.yaml").read_text())["config"]
     project.update_stack(STACK, {"container": values["kimipd:container"] | {"privileged": True}})
-    (tmp_path / "refused").mkdir()
     try:
-        code, line = reconcile_once(project, STACK, tmp_path / "refused", "--grace-seconds",
-                                    "0", "--human-window-minutes", "0")
-        assert (code, line["decision"], line["units"]) == (1, "heal-failed", [GROUP]), line
-        assert any(failure["error"].startswith("policy kimipd-no-privileged (mandatory)")
-                   for failure in line["failures"]), line
         for command in (["preview"], ["up", "--yes"]):
             refused = kimipd(project, STACK, *command)
             output = refused.stdout + refused.stderr
             assert refused.returncode != 0, output[-3000:]
             assert "kimipd-no-privileged" in output and "mandatory" in output.lower(), \
                 output[-3000:]
-        assert container_ids(sim) == before, "a change the policy pack refused touched a node"
     finally:
         project.update_stack(STACK, {"container": values["kimipd:container"]})
+    # A deployed stack the pack now refuses (the operator's pack config for this stack says its
+    # NCCL interface is the management one; nothing in the stack's config changes, so nothing is
+    # pending): the heal's up stops, and the pass names the policy.
+    operator_file = project.directory / f"Pulumi.{STACK}.policy.json"
+    operator_file.write_text(json.dumps(
+        {"kimipd-nccl-off-management": {"managementInterface": "bond1"}}))
+    try:
+        # Its state file is the next pass's: the failed heal's refresh dropped the dead rank from
+        # the state, and only reconcile's own retry may apply that pending create.
+        code, line = reconcile_once(project, STACK, tmp_path, "--grace-seconds", "0",
+                                    "--human-window-minutes", "0", "--backoff-seconds", "0")
+        assert (code, line["decision"], line["units"]) == (1, "heal-failed", [GROUP]), line
+        assert any(failure["error"].startswith("policy kimipd-nccl-off-management (mandatory)")
+                   for failure in line.get("failures", [])), line
+    finally:
+        operator_file.unlink()
+    assert container_ids(sim) == before, "a change the policy pack refused touched a node"
 
     code, line = reconcile_once(project, STACK, tmp_path, "--grace-seconds", "0",
-                                "--human-window-minutes", "0")
+                                "--human-window-minutes", "0", "--backoff-seconds", "0")
     assert (code, line["decision"], line["units"]) == (0, "healed", [GROUP]), line
     assert_replaced_only(before, container_ids(sim), f"kimipd-{GROUP}-")
     newest = stack.history(page_size=2)

@@ -13,7 +13,8 @@ from pulumi import automation as auto
 
 from ops import cli
 from ops.heal_policy import REFUSED
-from ops.policy_pack import POLICY_VENV_COMMAND, PolicyPackMissing, pack_config, policy_run
+from ops.policy_pack import (POLICY_VENV_COMMAND, PolicyPackMissing, pack_config, policy_run,
+                             stack_policy_file)
 from ops.stack import StackError
 from ops.stack_engine import StackEngine, failures_from_events
 
@@ -101,8 +102,26 @@ def test_every_heal_s_up_names_the_pack_with_the_stack_s_config(tmp_path: Path,
                     resource_changes = {"replace": 1}
             return Result()
 
+        name = "sim"
+
     engine = StackEngine.__new__(StackEngine)
-    engine.stack, engine.on_event = Stack(), None
+    engine.stack, engine.on_event, engine.project_dir = Stack(), None, tmp_path
     assert engine.heal("kimipd reconcile: heal decode-b") == {"replace": 1}
     assert seen == {"packs": [str(tmp_path / "policy")],
                     "config": {"kimipd-nccl-off-management": {"managementInterface": "eno1"}}}
+    # The operator's own settings for this stack (beside its stack file) add to and override it.
+    (tmp_path / "Pulumi.sim.policy.json").write_text(json.dumps(
+        {"kimipd-nccl-off-management": {"managementInterface": "bond1"},
+         "kimipd-no-privileged": {"allowPrivileged": True}}))
+    engine.heal("kimipd reconcile: heal decode-b")
+    assert seen["config"] == {"kimipd-nccl-off-management": {"managementInterface": "bond1"},
+                              "kimipd-no-privileged": {"allowPrivileged": True}}
+
+
+def test_an_operator_file_that_is_not_a_pack_config_is_refused_by_name(tmp_path: Path) -> None:
+    pack = made_pack(tmp_path)
+    for text in ("not json", '["a list"]', '{"kimipd-no-privileged": true}'):
+        (tmp_path / "Pulumi.sim.policy.json").write_text(text)
+        with pytest.raises(StackError, match="Pulumi.sim.policy.json"):
+            with policy_run({}, pack, stack_policy_file(tmp_path, "sim")):
+                pytest.fail("ran with a broken operator file")
