@@ -41,6 +41,7 @@ from typing import Any
 from pulumi import automation as auto
 
 from components.config import read_stack_file
+from components.outputs import read_outputs
 from ops.heal_policy import Limits
 from ops.reconcile import Reconciler, Settings
 from ops.remote import SshTransport
@@ -86,9 +87,14 @@ class Probes:
 
     @classmethod
     def of(cls, outputs: Mapping[str, Any]) -> Probes:
-        door = outputs["door"]
-        return cls(door["url"], door["node"], door["metricsUrl"], dict(door["slots"]),
-                   dict(outputs["groups"]))
+        typed = read_outputs(dict(outputs))
+        door = typed.door
+        if door is None:
+            raise SystemExit("the bench measures a stack with the door (router.door)")
+        return cls(door.url, door.node, door.metrics_url,
+                   {name: slot.model_dump(by_alias=True) for name, slot in door.slots.items()},
+                   {name: group.model_dump(by_alias=True)
+                    for name, group in typed.groups.items()})
 
 
 def unit_of(name: str, type_: str, groups: Mapping[str, Mapping[str, Any]]) -> str | None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from components.config import VerificationSpec
 from ops import OK
-from ops.stack import Topology
+from ops.topology import Topology
 from ops.verify import run
 
 PREFILL_RATE = 2000.0  # prompt tokens/s

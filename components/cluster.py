@@ -10,31 +10,8 @@ from .keys import WorkerKeyFile
 from .membership import Membership
 from .mooncake import MooncakeMaster
 from .node import Node
-from .render import (
-    CLUSTER_TYPE,
-    contract_digest,
-    door_admin_socket,
-    door_check_file,
-    door_plan,
-    door_url,
-    firewall_table,
-    group_endpoint,
-    keepalived_plan,
-    keepalived_state_file,
-    mooncake_master_address,
-    mooncake_master_plan,
-    prometheus_targets,
-    restore_command,
-    router_plan,
-    router_slots,
-    router_url,
-    serving_contract,
-    sglang_rank_plan,
-    slot_role,
-    slot_server,
-    slot_url,
-)
-from .render.keepalived import virtual_ip_interface
+from .outputs import stack_outputs
+from .render import CLUSTER_TYPE, router_slots
 from .router import Router
 from .router_api_key import RouterApiKey
 from .router_readiness import RouterReadiness
@@ -62,37 +39,16 @@ class Cluster(pulumi.ComponentResource):
         if cfg.install_node_files == "image":
             for node in self.nodes.values():
                 node.prepare_image(cfg, node_file_digests)
-        contract = serving_contract(cfg, node_file_digests)
-        self.contract = contract_digest(contract)
-        self.outputs: dict[str, object] = {
-            # What prefill and decode must share, and its digest (the router's node keeps one
-            # per router): a change of it rolls in halves (docs/router.md); plain data.
-            "servingContract": {"digest": self.contract, **contract},
-            "mooncakeMaster": mooncake_master_address(cfg),
-            "serving": cfg.serving,
-            "restartGeneration": cfg.restart_generation,
-            "groups": {
-                group_name: {
-                    "mode": group.mode,
-                    "endpoint": group_endpoint(group),
-                    "bootstrapPort": group.bootstrap_port,
-                    "nodes": list(group.nodes),
-                }
-                for group_name, group in cfg.groups.items()
-            },
-            "nodes": {
-                address: {"roles": cfg.roles_of(address), "imageDigest": node.image_digest,
-                          "preparedImage": node.prepared_image_tag}
-                for address, node in self.nodes.items()
-            } | {address: {"roles": [], "out": True} for address in cfg.out_nodes},
-            "nodeFiles": dict(sorted(node_file_digests.items())),
-            # The observability project (observability/) derives its time-to-first-token alert
-            # from this baseline; plain data, no secret in it.
-            "verification": cfg.verification.model_dump(by_alias=True, mode="json"),
-            # Who the nodes' firewalls let in (the observability project checks its Prometheus
-            # node against it); plain data, no secret in it.
-            "firewall": firewall_output(cfg),
-        }
+        # Every output the config decides (components/outputs.py, the readers' contract), then
+        # what the nodes tell: each node's image digest, the smoke test's answer, the key.
+        self.typed_outputs = stack_outputs(cfg, node_file_digests, pulumi.get_stack())
+        self.contract = self.typed_outputs.serving_contract.digest
+        self.outputs: dict[str, object] = self.typed_outputs.exported()
+        self.outputs["nodes"] = {
+            address: entry | ({"imageDigest": self.nodes[address].image_digest,
+                               "preparedImage": self.nodes[address].prepared_image_tag}
+                              if address in self.nodes else {})
+            for address, entry in self.typed_outputs.exported()["nodes"].items()}
         if cfg.serving:
             self._serve(cfg, child, router_api_key, door_tls_key)
         self.register_outputs({})
@@ -190,15 +146,7 @@ class Cluster(pulumi.ComponentResource):
             [self.mooncake_master.gate, *prefill_gates, *decode_gates, *router_gates,
              *[virtual_ip.gate for virtual_ip in self.virtual_ips]],
             doors=self.doors, opts=child)
-        self.outputs |= {
-            "containers": container_outputs(cfg),
-            "routerUrl": router_url(cfg),
-            "generateUrl": router_url(cfg) + "/generate",
-            "smokeTest": self.smoke_test.text,
-            "prometheusTargets": prometheus_targets(cfg, pulumi.get_stack()),
-        }
-        if cfg.router.door is not None:
-            self.outputs["door"] = door_output(cfg)
+        self.outputs["smokeTest"] = self.smoke_test.text
         if router_api_key is not None:
             # What clients send as `Authorization: Bearer KEY` (docs/router.md); encrypted in the
             # state.
@@ -215,73 +163,3 @@ def paired_prefill(prefill: list[str], decode: list[str]) -> dict[str, list[str]
         return {name: [p for j, p in enumerate(prefill) if j % len(decode) == i]
                 for i, name in enumerate(decode)}
     return {name: [prefill[i % len(prefill)]] for i, name in enumerate(decode)}
-
-
-def firewall_output(cfg: ClusterConfig) -> dict[str, object]:
-    spec = cfg.firewall
-    return {"enabled": spec.enabled, "table": f"inet {firewall_table(cfg)}",
-            "members": [node.address for node in cfg.nodes],
-            "clientNetworks": list(spec.client_networks),
-            "monitoringHosts": list(spec.monitoring_hosts),
-            "operatorHosts": list(spec.operator_hosts)}
-
-
-def door_output(cfg: ClusterConfig) -> dict[str, object] | None:
-    """Where the door and its slots are (kimipd status, logs and the bench read it); plain data.
-    On two door nodes also where each slot runs, each door node's door and keepalived, the
-    virtual IP between them (`node` stays router.node: the slot lease and the markers), and
-    the door node taken out, if one is (`nodesOut`: nothing of it is asked)."""
-    door = cfg.router.door
-    if door is None:
-        return None
-    node = cfg.router.node
-    vip = door.virtual_ip if door.nodes is not None else None
-    slots: dict[str, dict[str, object]] = {}
-    for name, slot in door.slot_named().items():
-        slots[name] = {"url": slot_url(cfg, name), "port": slot.port,
-                       "metricsPort": slot.metrics_port, "role": slot_role(name),
-                       "container": router_plan(cfg, name).name, "server": slot_server(name)}
-        if cfg.router.kind == "rust":
-            # What reconcile runs on router.node when the slot serves without a group that
-            # serves (the slot's own first step, which honours the rollout's markers).
-            slots[name]["restore"] = restore_command(cfg, name)
-        if vip is not None:
-            slots[name]["node"] = cfg.slot_node(name)
-    output: dict[str, object] = {
-        "url": door_url(cfg), "tls": door.tls is not None, "node": node,
-        "metricsUrl": f"http://{node}:{door.metrics_port}/metrics",
-        "adminSocket": door_admin_socket(cfg), "container": door_plan(cfg).name,
-        "slots": slots,
-    }
-    if vip is None:
-        return output
-    output["nodes"] = {
-        address: {"role": door_plan(cfg, address).role, "container": door_plan(cfg, address).name,
-                  "metricsUrl": f"http://{address}:{door.metrics_port}/metrics",
-                  # adminSocket: that door's runtime API on that node (status, logs).
-                  "adminSocket": door_admin_socket(cfg),
-                  # stateFile: where status reads keepalived's state on that node.
-                  "keepalived": {"role": keepalived_plan(cfg, address).role,
-                                 "container": keepalived_plan(cfg, address).name,
-                                 "stateFile": keepalived_state_file(cfg)},
-                  "peer": cfg.door_peer(address)}
-        for address in cfg.door_nodes}
-    # A door node taken out (`nodes[].out`): the other carries the address alone.
-    output["nodesOut"] = [address for address in door.nodes or [] if address in cfg.out_nodes]
-    output["virtualIp"] = {"address": vip.address, "prefixLength": vip.prefix_length,
-                           "interface": virtual_ip_interface(cfg), "vrid": vip.vrid,
-                           "advertIntervalMs": vip.advert_interval_ms,
-                           "checkFile": door_check_file(cfg)}
-    return output
-
-
-def container_outputs(cfg: ClusterConfig) -> dict[str, dict[str, object]]:
-    """Every container by role: where it runs and what its gate polls (day-two tools read it)."""
-    plans = [mooncake_master_plan(cfg)]
-    for name, group in cfg.groups.items():
-        plans += [sglang_rank_plan(cfg, name, rank) for rank in range(len(group.nodes))]
-    plans += [door_plan(cfg, address) for address in cfg.door_nodes]
-    plans += [router_plan(cfg, slot) for slot in router_slots(cfg)]
-    plans += [keepalived_plan(cfg, address) for address in cfg.virtual_ip_nodes]
-    return {plan.role: {"node": plan.node, "container": plan.name, "healthUrl": plan.health_url}
-            for plan in plans}

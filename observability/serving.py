@@ -11,13 +11,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from components.config import ConfigError, VerificationSpec
+from components.outputs import OutputsError, read_outputs
 
 from .config import CONFIG_NAMESPACE, ObservabilityConfig
 
-# The serving stack's outputs this project reads (components/cluster.py exports them).
+# The serving stack's output this project scrapes (components/outputs.py).
 TARGETS_OUTPUT = "prometheusTargets"
-VERIFICATION_OUTPUT = "verification"
-FIREWALL_OUTPUT = "firewall"
 
 
 @dataclass(frozen=True)
@@ -52,34 +51,33 @@ def _problem(key: str, text: str) -> ConfigError:
 
 
 def serving_stack(name: str, outputs: Mapping[str, Any]) -> ServingStack:
-    """The serving stack NAME's outputs as this project needs them, or a ConfigError saying what
-    to do to the serving stack."""
+    """The serving stack NAME's outputs as this project needs them (validated by the serving
+    program's own model), or a ConfigError saying what to do to the serving stack."""
     key = "servingStack"
     if not outputs:
         raise _problem(key, f"{name!r} has no outputs: it was never deployed (or was destroyed), "
                             f"or the name is wrong; deploy it first (`pulumi up -s "
                             f"{name.rsplit('/', 1)[-1]}` in the serving project), or fix the name "
                             "(`pulumi stack ls` there lists them).")
-    targets = outputs.get(TARGETS_OUTPUT)
+    try:
+        serving = read_outputs(dict(outputs))
+    except OutputsError as error:
+        raise _problem(key, f"{name!r}: {error}") from None
+    targets = serving.prometheus_targets
     if targets is None:
-        why = ("its kimipd:serving is false" if outputs.get("serving") is False
-               else "a kimipd without that output deployed it")
-        raise _problem(key, f"{name!r} has no {TARGETS_OUTPUT} output ({why}): `pulumi up` it "
-                            "with kimipd:serving true first.")
+        raise _problem(key, f"{name!r} has no {TARGETS_OUTPUT} output (its kimipd:serving is "
+                            "false): `pulumi up` it with kimipd:serving true first.")
     if not targets:
         raise _problem(key, f"{name!r} lists no {TARGETS_OUTPUT}: its kimipd:metrics.enabled is "
                             "false, so nothing serves /metrics; set it in the serving stack "
                             "(`pulumi config set --path metrics.enabled true`), `pulumi up` it, "
                             "then this stack.")
-    verification = None
-    if outputs.get(VERIFICATION_OUTPUT) is not None:
-        try:
-            verification = VerificationSpec.model_validate(outputs[VERIFICATION_OUTPUT])
-        except ValidationError:
-            verification = None
-    firewall = outputs.get(FIREWALL_OUTPUT)
+    try:
+        verification = VerificationSpec.model_validate(serving.verification)
+    except ValidationError:
+        verification = None
     return ServingStack(name, list(targets), verification,
-                        dict(firewall) if isinstance(firewall, Mapping) else {})
+                        serving.firewall.model_dump(by_alias=True))
 
 
 def ttft_ceiling(verification: VerificationSpec) -> tuple[float, str] | None:

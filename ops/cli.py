@@ -21,6 +21,7 @@ from . import DEGRADED, DOWN, OK, USAGE, reconcile_cli, status_render
 from . import logs as logs_command
 from . import orphans as orphans_command
 from . import status as status_command
+from . import verdict
 from . import verify as verify_command
 from .arguments import common as _common
 from .arguments import positive as _positive
@@ -216,7 +217,7 @@ def run_status(args: argparse.Namespace, stack: Stack, transport: Transport) -> 
     prober = Prober(transport, args.timeout, args.via, tls=status_command.door_tls(stack))
     out = console()
 
-    def once() -> status_command.Report:
+    def once() -> verdict.Report:
         forget = getattr(transport, "forget_failures", None)
         if forget is not None:
             forget()
@@ -225,9 +226,9 @@ def run_status(args: argparse.Namespace, stack: Stack, transport: Transport) -> 
                                         stack.router_kind)
         memory = reconcile_memory(stack.topology.stack)
         if report.lost and memory is not None:
-            status_command.note_lost_since(report, memory.lost_since)
+            verdict.note_lost_since(report, memory.lost_since)
         if report.hung and memory is not None:
-            status_command.note_hung_since(report, {unit: state.broken_since
+            verdict.note_hung_since(report, {unit: state.broken_since
                                                     for unit, state in memory.units.items()})
         if memory is not None and memory.last_failure:
             report.notes.append(f"reconcile: the last heal failed: {memory.last_failure} "

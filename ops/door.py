@@ -18,11 +18,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from components.outputs import GroupOutput
 from components.render import slot_check_path
 
 from .probe import HttpAnswer, Prober, settled
 from .remote import RemoteError, Transport
-from .stack import Door, Slot
+from .topology import Door, Slot
 
 # One runtime API command (argv[3]) on the socket argv[1], within argv[2] seconds; the answer on
 # stdout. A failure is Python's own last line on stderr (PermissionError, ConnectionRefusedError).
@@ -111,17 +112,16 @@ class Member:
         return ("healthy" if self.healthy else "unhealthy") + load
 
 
-def members(body: str, groups: Mapping[str, Any]) -> list[Member]:
+def members(body: str, groups: Mapping[str, GroupOutput]) -> list[Member]:
     """Every group of the stack in a rust router's GET /workers answer, matched by its endpoint
     (the URL its Membership registers)."""
     workers = json.loads(body)["workers"]
     by_url = {str(worker.get("url", "")).rstrip("/"): worker for worker in workers}
     found = []
     for name, group in groups.items():
-        endpoint = str(group.get("endpoint") or "").rstrip("/")
-        worker = by_url.get(endpoint) if endpoint else None
+        worker = by_url.get(group.endpoint.rstrip("/"))
         load = worker.get("load") if worker else None
-        found.append(Member(name, group.get("mode"), worker is not None,
+        found.append(Member(name, group.mode, worker is not None,
                             bool(worker.get("is_healthy")) if worker else None,
                             load if isinstance(load, int) else None))
     return found
@@ -262,7 +262,7 @@ class DoorReport:
 class DoorProbes:
     """The door's probes, submitted to the status's pool with the rest, read once it is done."""
 
-    def __init__(self, door: Door, groups: Mapping[str, Any], transport: Transport,
+    def __init__(self, door: Door, groups: Mapping[str, GroupOutput], transport: Transport,
                  prober: Prober, timeout: float, api_key: str | None, router_kind: str) -> None:
         self.door = door
         self.groups = groups

@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from .status import Report, hung_units, unit_of
+from .stack_engine_types import UpdateEntry
+from .verdict import Report, hung_units, unit_of
 
 HOUR = 3600.0
 
@@ -238,19 +239,9 @@ def assess(broken: Mapping[str, Breakage], memory: Memory, limits: Limits, now: 
                     SERVING, {"problems": problems})
 
 
-@dataclass(frozen=True)
-class UpdateEntry:
-    """One entry of the stack's history, as much as the checks need."""
-
-    kind: str
-    message: str
-    started: float
-    ended: float | None
-    result: str
-
-    @property
-    def by_reconcile(self) -> bool:
-        return self.message.startswith(MESSAGE_PREFIX)
+def by_reconcile(entry: UpdateEntry) -> bool:
+    """An update reconcile ran (its message), not a person's."""
+    return entry.message.startswith(MESSAGE_PREFIX)
 
 
 def locked(wanted: Decision, locks: list[str]) -> Decision:
@@ -269,7 +260,7 @@ def engine_checks(heal: Decision, locks: list[str], history: list[UpdateEntry],
     last, a preview runs the program)."""
     if locks:
         return locked(heal, locks)
-    by_person = [entry for entry in history if not entry.by_reconcile]
+    by_person = [entry for entry in history if not by_reconcile(entry)]
     if by_person:
         last = max(by_person, key=lambda entry: entry.ended or entry.started)
         since = now - (last.ended or last.started)
@@ -283,7 +274,7 @@ def engine_checks(heal: Decision, locks: list[str], history: list[UpdateEntry],
     pending = pending_steps()
     if pending:
         our_retry = (memory.failed_heal_config == config_fingerprint and history
-                     and history[0].by_reconcile)
+                     and by_reconcile(history[0]))
         if not our_retry:
             steps = ", ".join(f"{op} {count}" for op, count in sorted(pending.items()))
             return Decision(

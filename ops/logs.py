@@ -29,7 +29,7 @@ from pathlib import Path
 from . import DEGRADED, DOWN, OK
 from .door import runtime_api_command
 from .remote import RemoteError, Transport
-from .stack import DOOR, ContainerRef, Door, Topology
+from .topology import DOOR, ContainerRef, Door, Topology
 from .virtual_ip import address_command, state_command
 
 # Node-wide diagnostics: file name -> program and arguments. Missing programs are expected

@@ -16,9 +16,12 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from pulumi import automation as auto
-from pulumi.runtime import rpc
+from pydantic import ValidationError
+
+from components.config import NodeSpec
 
 from .contract_change import StepInputs
+from .stack import StackError, config_values
 from .stack_engine import StackEngine
 from .state_urns import DOCKER_PROVIDER, docker_host_address
 
@@ -48,9 +51,9 @@ class StateResource:
 
 
 # How a secret value reads in `pulumi stack export --show-secrets` (the Automation API's
-# export): the SDK's signature key and secret signature, the value as JSON text under
-# "plaintext".
-SECRET_SIGNATURE = (rpc._special_sig_key, rpc._special_secret_sig)  # noqa: SLF001
+# export): the state format's signature key and secret signature (Pulumi's
+# sdk/go/common/resource/sig: `Key`, `Secret`), the value as JSON text under "plaintext".
+SECRET_SIGNATURE = ("4dabf18193072939515e22adb298388d", "1b47061264138c4ac30d75fd1eb44270")
 
 
 def _revealed(value: Any) -> Any:
@@ -105,11 +108,14 @@ def dependents_of(resources: Iterable[StateResource], urns: Iterable[str]) -> se
 
 def out_addresses(config: Mapping[str, Any]) -> list[str]:
     """The nodes the stack's config takes out (`pulumi config --json`'s shape: key -> value,
-    a structured one as JSON text)."""
-    text = (config.get("kimipd:nodes") or {}).get("value")
-    value = json.loads(text) if isinstance(text, str) else None
-    return [node["address"] for node in value or []
-            if isinstance(node, Mapping) and node.get("out") in (True, "true")]
+    a structured one as JSON text), read by the config's own node model: an update that takes
+    a node out has not yet put it in the outputs."""
+    try:
+        nodes = [NodeSpec.model_validate(node)
+                 for node in config_values(config).get("nodes") or []]
+    except ValidationError as error:
+        raise StackError(f"kimipd:nodes: {error}") from None
+    return [node.address for node in nodes if node.out]
 
 
 def preview_deletes(steps: Iterable[Mapping[str, Any]]) -> set[str]:
@@ -133,7 +139,7 @@ class OutUpdate:
         """(out node addresses, the URNs of the state's resources on them, every URN the
         update deletes)."""
         stack = self.engine.stack
-        addresses = out_addresses({key: {"value": value.value}
+        addresses = out_addresses({key: {"value": value.value, "secret": value.secret}
                                    for key, value in stack.get_all_config().items()})
         if not addresses:
             return [], [], set()
@@ -156,8 +162,11 @@ class OutUpdate:
         """The preview as the engine prints it, then a change of the serving contract named
         with how it will roll (ops/contract_change.py)."""
         steps = StepInputs()
-        self.engine.stack.preview(exclude=urns or None, diff=diff, on_event=steps,
-                                  on_output=lambda line: self._say(line))
+        with self.engine.policy() as policy:
+            self.engine.stack.preview(exclude=urns or None, diff=diff, on_event=steps,
+                                      on_output=lambda line: self._say(line),
+                                      policy_packs=policy.packs,
+                                      policy_pack_configs=policy.configs)
         change = steps.change()
         if change is not None:
             self._say(change.note())
@@ -178,8 +187,10 @@ class OutUpdate:
                 self._say("kimipd up: not confirmed; nothing changed")
                 return 1
         try:
-            stack.up(exclude=urns or None, diff=diff, message=message, show_secrets=False,
-                     on_output=lambda line: self._say(line))
+            with self.engine.policy() as policy:
+                stack.up(exclude=urns or None, diff=diff, message=message, show_secrets=False,
+                         on_output=lambda line: self._say(line), policy_packs=policy.packs,
+                         policy_pack_configs=policy.configs)
         except auto.CommandError as error:
             self._say(f"kimipd up: the update failed; {len(urns)} resources of the nodes out "
                       f"stay in the state: {str(error).strip().splitlines()[-1][:300]}")
@@ -210,9 +221,7 @@ class OutUpdate:
     def _state_delete(self, urns: list[str]) -> None:
         """`pulumi state delete`, children before parents (a parent with a child still in the
         state is refused); it contacts nothing."""
-        if urns:
-            self.engine.stack._run_pulumi_cmd_sync(  # noqa: SLF001 - no API for it
-                ["state", "delete", *reversed(urns), "--yes", "--force"])
+        self.engine.delete_from_state(list(reversed(urns)))
 
     def _announce(self, addresses: list[str], urns: list[str], operation: str) -> None:
         if urns:

@@ -11,16 +11,14 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
-from prometheus_client import CollectorRegistry, start_http_server, write_to_textfile
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client import write_to_textfile
 
 from . import status as status_command
 from .heal_policy import (
@@ -46,7 +44,9 @@ from .probe import Prober
 from .remote import RemoteError, Transport
 from .stack import Access, Stack, StackError
 from .stack_engine import HealFailed, StackEngine, StackLocked
-from .virtual_ip import VirtualIpReport, virtual_ip_families
+from .reconcile_metrics import MetricsEndpoint, ReconcileMetrics
+from .verdict import Report
+from .virtual_ip import VirtualIpReport
 
 # A slot's restore on router.node: the router answers at once, registering takes a request per
 # missing group.
@@ -93,103 +93,12 @@ def save_memory(path: Path, memory: Memory) -> None:
     partial.replace(path)
 
 
-def metric_families(stack: str, memory: Memory, decision: Decision | None,
-                    now: float, virtual_ip: VirtualIpReport | None = None) -> list[Metric]:
-    """What reconcile did and saw, as Prometheus metric families (with the door on two nodes,
-    also who holds the virtual IP and each keepalived's state, from the pass's status)."""
-    per_unit = ["stack", "unit"]
-    heals = CounterMetricFamily(
-        "kimipd_reconcile_heals_total",
-        "Heals whose refresh and up converged, per unit (group, mooncake-master, router, door, "
-        "router-a, router-b, keepalived).",
-        labels=per_unit)
-    failures = CounterMetricFamily("kimipd_reconcile_heal_failures_total",
-                                   "Heals that failed, per unit.", labels=per_unit)
-    last_hour = GaugeMetricFamily(
-        "kimipd_reconcile_heals_last_hour",
-        "Heals started in the last hour, per unit (compared with --max-heals-per-hour).",
-        labels=per_unit)
-    for name, unit in sorted(memory.units.items()):
-        heals.add_metric([stack, name], unit.healed_total)
-        failures.add_metric([stack, name], unit.failed_total)
-        last_hour.add_metric([stack, name], len([t for t in unit.heals if now - t < 3600]))
-    broken = GaugeMetricFamily("kimipd_reconcile_broken_units",
-                               "Units found broken by the last pass.", labels=["stack"])
-    broken.add_metric([stack], len(decision.units) if decision
-                      and decision.kind not in ("healed", "re-registered") else 0)
-    families: list[Metric] = [heals, failures, last_hour, broken]
-    failing = GaugeMetricFamily(
-        "kimipd_reconcile_heal_failing_resource",
-        "1 per resource that failed the last failed heal (until a heal converges).",
-        labels=["stack", "resource"])
-    for resource in memory.last_failure_resources:
-        failing.add_metric([stack, resource], 1)
-    families.append(failing)
-    lost = GaugeMetricFamily(
-        "kimipd_reconcile_node_unreachable_since_timestamp_seconds",
-        "When reconcile first found the node not answering over SSH; heals wait for it.",
-        labels=["stack", "node"])
-    for node, since in sorted(memory.lost_since.items()):
-        lost.add_metric([stack, node], since)
-    families.append(lost)
-    if decision is not None:
-        last_decision = GaugeMetricFamily(
-            "kimipd_reconcile_last_decision",
-            "1 for the last pass's decision (healthy, grace, healed, limited, ...).",
-            labels=["stack", "decision"])
-        last_decision.add_metric([stack, decision.kind], 1)
-        families.append(last_decision)
-    if memory.last_pass is not None:
-        last_pass = GaugeMetricFamily("kimipd_reconcile_last_pass_timestamp_seconds",
-                                      "When the last pass ended.", labels=["stack"])
-        last_pass.add_metric([stack], memory.last_pass)
-        families.append(last_pass)
-    if memory.last_healthy is not None:
-        last_healthy = GaugeMetricFamily("kimipd_reconcile_last_healthy_timestamp_seconds",
-                                         "When a pass last found every unit serving.",
-                                         labels=["stack"])
-        last_healthy.add_metric([stack], memory.last_healthy)
-        families.append(last_healthy)
-    return families + virtual_ip_families(stack, virtual_ip)
-
-
-class ReconcileMetrics(Collector):
-    """The last pass's metric families, in the one registry that --metrics-file is written from
-    and --metrics-listen serves, so both always say the same."""
-
-    def __init__(self) -> None:
-        self.families: list[Metric] = []
-        self.registry = CollectorRegistry()
-        self.registry.register(self)
-
-    def collect(self) -> Iterable[Metric]:
-        # A scrape during a pass reads the previous pass's families: they are replaced whole.
-        return self.families
-
-    def update(self, stack: str, memory: Memory, decision: Decision | None, now: float,
-               virtual_ip: VirtualIpReport | None = None) -> None:
-        self.families = metric_families(stack, memory, decision, now, virtual_ip)
-
-
-class MetricsEndpoint:
-    """http://ADDRESS:PORT/metrics: prometheus_client's server on REGISTRY, for a Prometheus
-    scrape; close() stops it."""
-
-    def __init__(self, address: str, port: int, registry: CollectorRegistry) -> None:
-        self.server, self.thread = start_http_server(port, address, registry)
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join()
-
-
 class Reconciler:
     def __init__(self, settings: Settings, load: Callable[[], Stack],
                  transport_factory: Callable[[Access], Transport],
                  engine_factory: Callable[[], StackEngine] | None = None,
                  clock: Callable[[], float] = time.time,
-                 status: Callable[[Stack, Transport, Prober], status_command.Report]
+                 status: Callable[[Stack, Transport, Prober], Report]
                  | None = None) -> None:
         self.settings = settings
         self.load = load
@@ -315,7 +224,7 @@ class Reconciler:
                         f"on {door.node} (no container changed)", SERVING, details)
 
     def _status(self, stack: Stack, transport: Transport,
-                prober: Prober) -> status_command.Report:
+                prober: Prober) -> Report:
         # The whole-path probe is left out: alone it heals nothing (see breakages).
         topology = dataclasses.replace(stack.topology, generate_url=None)
         # The key: each slot's GET /workers, so a slot that lacks a group is seen.

@@ -13,6 +13,8 @@ from . import USAGE
 from . import reconcile as reconcile_command
 from .arguments import common, not_negative, positive
 from .heal_policy import REFUSED, SERVING, WAITING, Limits
+from .policy_pack import require_pack
+from .reconcile_metrics import MetricsEndpoint
 from .remote import SshTransport, Transport
 from .stack import Access, PulumiCli, StackError, load_stack
 
@@ -80,6 +82,8 @@ def run(args: argparse.Namespace,
         return USAGE
     try:
         name = args.stack or PulumiCli(None, args.cwd).stack_name()
+        if not args.dry_run:
+            require_pack()  # every heal runs the policy pack: refused at start, not at a heal
     except StackError as error:
         print(f"kimipd: {error}", file=sys.stderr)
         return REFUSED
@@ -105,7 +109,7 @@ def run(args: argparse.Namespace,
         return REFUSED
     if args.metrics_listen:
         host, _, port = args.metrics_listen.rpartition(":")
-        reconciler.endpoint = reconcile_command.MetricsEndpoint(
+        reconciler.endpoint = MetricsEndpoint(
             host or "127.0.0.1", int(port), reconciler.metrics.registry)
     try:
         if not args.watch:

@@ -14,7 +14,7 @@ import os
 import runpy
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import chdir
+from contextlib import AbstractContextManager, chdir
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -22,8 +22,9 @@ from urllib.parse import unquote, urlsplit
 import yaml
 from pulumi import automation as auto
 
-from .heal_policy import UpdateEntry
-from .stack import REPO
+from .policy_pack import PolicyRun, policy_run, stack_policy_file
+from .stack import REPO, StackError, config_values
+from .stack_engine_types import UpdateEntry
 from .state_urns import container_urns
 
 
@@ -45,9 +46,20 @@ _ENGINE_NOISE = ("update failed", "refresh failed", "preview failed")
 
 def failures_from_events(events: list[auto.EngineEvent]) -> list[dict[str, str]]:
     """Each resource whose step failed, with the error lines its provider gave (the last 1500
-    characters: a remote command's error ends with its stderr), in the order they failed."""
+    characters: a remote command's error ends with its stderr), in the order they failed; and
+    each resource the policy pack refused (mandatory), with the policy and its message."""
     found: dict[str, dict[str, str]] = {}
     for event in events:
+        violation = event.policy_event
+        if (violation is not None and violation.enforcement_level == "mandatory"
+                and violation.resource_urn):
+            entry = found.setdefault(violation.resource_urn, {
+                "resource": violation.resource_urn.rsplit("::", 1)[-1],
+                "type": violation.resource_urn.rsplit("::", 2)[-2].rsplit("$", 1)[-1],
+                "error": ""})
+            entry["error"] = (entry["error"] + f"\npolicy {violation.policy_name} (mandatory): "
+                              + violation.message.strip()).strip()[-1500:]
+            continue
         diagnostic = event.diagnostic_event
         if diagnostic is None or diagnostic.severity != "error" or not diagnostic.urn:
             continue
@@ -98,13 +110,23 @@ def _summary(entry: auto.UpdateSummary) -> UpdateEntry:
                        result=entry.result)
 
 
+def run_cli(workspace: auto.LocalWorkspace, args: Sequence[str]) -> auto.CommandResult:
+    """A pulumi command the Automation API has no method for, run as its own are: by the
+    workspace's CLI, in its directory, with its PULUMI_HOME and environment."""
+    if workspace.pulumi_command is None:
+        raise StackError("the Automation API's workspace has no pulumi CLI")
+    env = {"PULUMI_HOME": workspace.pulumi_home} if workspace.pulumi_home else {}
+    return workspace.pulumi_command.run(list(args), workspace.work_dir,
+                                        env | dict(workspace.env_vars or {}))
+
+
 class _Workspace(auto.LocalWorkspace):
     """Finds the stack without selecting it: `pulumi stack select` is the operator's global
     state, and a person's next `pulumi up` without `-s` would act on the stack reconcile chose.
     Every command the Stack runs names its stack (`--stack`)."""
 
     def select_stack(self, stack_name: str) -> None:
-        self._run_pulumi_cmd_sync(["stack", "--stack", stack_name])
+        run_cli(self, ["stack", "--stack", stack_name])
 
 
 class StackEngine:
@@ -115,8 +137,8 @@ class StackEngine:
         self.project_dir = project_dir.resolve()
         self.on_event = on_event
         self.project = yaml.safe_load((self.project_dir / "Pulumi.yaml").read_text())["name"]
-        workspace = _Workspace(work_dir=str(self.project_dir), program=self._program)
-        self.stack = auto.Stack.select(stack, workspace)
+        self.workspace = _Workspace(work_dir=str(self.project_dir), program=self._program)
+        self.stack = auto.Stack.select(stack, self.workspace)
 
     def _program(self) -> None:
         if str(REPO) not in sys.path:
@@ -138,12 +160,29 @@ class StackEngine:
         return config_fingerprint({key: {"value": value.value, "secret": value.secret}
                                    for key, value in config.items()})
 
+    def config_values(self) -> dict[str, Any]:
+        """The stack's `kimipd:` config, namespace stripped, secrets left out."""
+        return config_values({key: {"value": value.value, "secret": value.secret}
+                              for key, value in self.stack.get_all_config().items()})
+
+    def policy(self) -> AbstractContextManager[PolicyRun]:
+        """The policy pack, told this stack's config: every preview and up names it."""
+        return policy_run(self.config_values(),
+                          operator_file=stack_policy_file(self.project_dir, self.stack.name))
+
     def pending_steps(self) -> dict[str, int]:
         """What `pulumi preview` (no refresh) would do: the config against the state. A stack
         that converged previews every resource `same`."""
         result = self.stack.preview()
         return {op: count for op, count in (result.change_summary or {}).items()
                 if op != "same" and count}
+
+    def delete_from_state(self, urns: Sequence[str]) -> None:
+        """`pulumi state delete` of URNS in their order (children before parents: a parent with
+        a child still in the state is refused), contacting nothing."""
+        if urns:
+            run_cli(self.workspace, ["state", "delete", *urns, "--yes", "--force",
+                                     "--stack", self.stack.name])
 
     def container_urns(self, containers: Iterable[tuple[str, str]]) -> list[str]:
         """The state's URNs of the containers named by (node, container name)."""
@@ -163,8 +202,11 @@ class StackEngine:
 
         try:
             self.stack.refresh(message=message, show_secrets=False, on_event=seen)
-            result = self.stack.up(message=message, show_secrets=False, on_event=seen,
-                                   replace=list(replace) or None)
+            with self.policy() as policy:
+                result = self.stack.up(message=message, show_secrets=False, on_event=seen,
+                                       replace=list(replace) or None,
+                                       policy_packs=policy.packs,
+                                       policy_pack_configs=policy.configs)
         except auto.ConcurrentUpdateError as error:
             raise StackLocked(str(error).strip().splitlines()[-1][:300]) from None
         except auto.CommandError as error:

@@ -12,242 +12,35 @@ whose door sends to no slot."""
 from __future__ import annotations
 
 import json
-import re
 import shlex
 import ssl
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
 
 from components.config.router_schema import DEFAULT_ROUTER_KIND
 from components.render import GENERATION_LABEL, firewall_urn
 
 from . import DEGRADED, DOWN, OK
-from .door import DoorProbes, DoorReport
+from .door import DoorProbes
 from .firewall_probe import firewall_on_node
 from .probe import HttpAnswer, Prober, Tls, settled, tls_check
 from .remote import CommandTimeout, RemoteError, Transport
-from .stack import ContainerRef, Stack, Topology
-from .virtual_ip import VirtualIpProbes, VirtualIpReport
+from .stack import Stack
+from .topology import Topology
+from .verdict import (
+    Docker,
+    HungUnit,
+    Report,
+    Row,
+    container_state,
+    hung_units,
+    lost_nodes,
+    problems,
+)
+from .virtual_ip import VirtualIpProbes
 
 # The whole path: one token through the router (prefill, KV hand-off, decode).
 PATH_PROBE_BODY = {"text": "ping", "sampling_params": {"max_new_tokens": 1, "ignore_eos": True}}
-
-
-@dataclass
-class Docker:
-    """What `docker inspect` said about one container (or why it could not say)."""
-
-    state: str  # running, exited, ..., "absent", "unknown"
-    exit_code: int | None = None
-    started_at: str | None = None
-    finished_at: str | None = None
-    generation: str | None = None
-    error: str | None = None
-
-
-@dataclass
-class Row:
-    ref: ContainerRef
-    docker: Docker
-    health: HttpAnswer
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-
-@dataclass
-class Report:
-    stack: str
-    checked_at: datetime
-    serving: bool
-    rows: list[Row]
-    path: HttpAnswer | None
-    exit_code: int
-    verdict: str
-    notes: list[str] = field(default_factory=list)
-    # node -> "present", "missing" or why it could not be told; {} when the stack has none
-    firewall: dict[str, str] = field(default_factory=dict)
-    # The door and its slots; None for a stack without a door.
-    door: DoorReport | None = None
-    # Nodes whose SSH or docker engine did not answer, first in the report.
-    lost: list[LostNode] = field(default_factory=list)
-    # Who holds the door's virtual IP; None without one (a door on router.node alone).
-    virtual_ip: VirtualIpReport | None = None
-    # Units that run and do not serve (hung_units), first broken when (reconcile's state).
-    hung: list[HungUnit] = field(default_factory=list)
-
-    def as_json(self) -> dict[str, Any]:
-        document = {
-            "stack": self.stack,
-            "checkedAt": self.checked_at.isoformat(timespec="seconds"),
-            "serving": self.serving,
-            "verdict": self.verdict,
-            "exitCode": self.exit_code,
-            "containers": [{
-                "role": row.ref.role,
-                "group": row.ref.group,
-                "rank": row.ref.rank,
-                "node": row.ref.node,
-                "container": row.ref.name,
-                "state": row.docker.state,
-                "exitCode": row.docker.exit_code,
-                "startedAt": row.docker.started_at,
-                "uptimeSeconds": uptime_seconds(row.docker, self.checked_at),
-                "restartGeneration": row.docker.generation,
-                "dockerError": row.docker.error,
-                "health": row.health.as_json(),
-                "ok": row.ok,
-                "problems": row.problems,
-            } for row in self.rows],
-            "generate": self.path.as_json() if self.path else None,
-            "firewall": self.firewall,
-            "notes": self.notes,
-        }
-        if self.door is not None:
-            document["door"] = self.door.as_json()
-        if self.virtual_ip is not None:
-            document["virtualIp"] = self.virtual_ip.as_json()
-        document["lostNodes"] = [lost.as_json() for lost in self.lost]
-        document["hungUnits"] = [hung.as_json() for hung in self.hung]
-        return document
-
-
-@dataclass
-class HungUnit:
-    """A unit (a group, or a role of its own) whose containers all run, or are paused, while
-    one of them does not serve: a rank stuck in a collective, a wedged GPU. Distinct from an
-    exited unit: refresh sees no drift, and reconcile replaces its containers."""
-
-    unit: str
-    containers: list[str]  # NAME@NODE
-    # When reconcile first found the unit broken (its state file), None if no pass has.
-    since: float | None = None
-
-    def as_json(self) -> dict[str, Any]:
-        return {"unit": self.unit, "containers": self.containers,
-                "since": (datetime.fromtimestamp(self.since, timezone.utc)
-                          .isoformat(timespec="seconds") if self.since else None)}
-
-    def line(self) -> str:
-        since = (f" since {datetime.fromtimestamp(self.since, timezone.utc):%H:%M:%S} UTC"
-                 if self.since else "")
-        return (f"{self.unit} hung{since}: running, not answering ({', '.join(self.containers)});"
-                " reconcile replaces its containers (docs/healing.md: a group hangs)")
-
-
-@dataclass
-class LostNode:
-    """A node the probes could not reach: what failed, what runs there, since when."""
-
-    node: str
-    ssh: bool  # SSH answered (then the docker engine did not)
-    error: str
-    roles: list[str]
-    # When reconcile first found it lost (its state file), None if no pass has.
-    since: float | None = None
-
-    def as_json(self) -> dict[str, Any]:
-        return {"node": self.node, "ssh": "answers" if self.ssh else "unreachable",
-                "dockerEngine": "unreachable", "error": self.error, "runs": self.roles,
-                "since": (datetime.fromtimestamp(self.since, timezone.utc)
-                          .isoformat(timespec="seconds") if self.since else None)}
-
-    def line(self) -> str:
-        since = (f" since {datetime.fromtimestamp(self.since, timezone.utc):%H:%M:%S} UTC"
-                 if self.since else "")
-        what = ("the docker engine does not answer (SSH does)" if self.ssh
-                else "SSH and the docker engine do not answer")
-        return (f"node {self.node} lost{since}: {what}: {self.error}; runs "
-                f"{', '.join(self.roles)}. Reconcile waits for it; one that will not come "
-                "back: set its nodes[].out and `scripts/kimipd up` (docs/healing.md)")
-
-
-# docker's states of a container that is there and holds its process: a hung unit's.
-HELD_STATES = ("running", "paused")
-
-
-def unit_of(row: Row) -> str:
-    """A rank's group; anything else is its own unit by its role (mooncake-master, router,
-    door, router-a, router-b; on two door nodes door-A-B-C-D, keepalived, keepalived-A-B-C-D)."""
-    return row.ref.group or row.ref.role
-
-
-def hung_units(rows: list[Row]) -> dict[str, tuple[tuple[str, str], ...]]:
-    """Unit -> (node, container) of each of its containers, for each unit whose containers all
-    hold their process (running or paused) while one does not serve (paused, or its health
-    failing): what refresh cannot see and an update must replace by name."""
-    by_unit: dict[str, list[Row]] = {}
-    for row in rows:
-        by_unit.setdefault(unit_of(row), []).append(row)
-    return {unit: tuple((row.ref.node, row.ref.name) for row in members)
-            for unit, members in by_unit.items()
-            if all(row.docker.state in HELD_STATES for row in members)
-            and any(row.docker.state == "paused" or not row.health.ok for row in members)}
-
-
-def note_hung_since(report: Report, since: dict[str, float | None]) -> None:
-    for hung in report.hung:
-        hung.since = since.get(hung.unit)
-
-
-def lost_nodes(rows: list[Row]) -> list[LostNode]:
-    found: dict[str, LostNode] = {}
-    for row in rows:
-        docker = row.docker
-        if docker.state != "unknown":
-            continue
-        error = docker.error or "docker state unknown"
-        lost = found.setdefault(row.ref.node, LostNode(
-            row.ref.node, error.startswith("docker: "), error.removeprefix("docker: "), []))
-        lost.roles.append(row.ref.role)
-    return [found[node] for node in sorted(found)]
-
-
-def note_lost_since(report: Report, since: dict[str, float]) -> None:
-    for lost in report.lost:
-        lost.since = since.get(lost.node)
-
-
-_DOCKER_TIME = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)?$")
-
-
-def _parse_time(value: str | None) -> datetime | None:
-    """docker's RFC 3339 with nanoseconds (2026-11-29T20:17:01.123456789Z); None when unset."""
-    if not value or value.startswith("0001-"):
-        return None
-    match = _DOCKER_TIME.match(value)
-    if not match:
-        return None
-    seconds, fraction, zone = match.groups()
-    zone = "+00:00" if zone in (None, "Z") else zone
-    return datetime.fromisoformat(seconds + (fraction or "")[:7] + zone)
-
-
-def uptime_seconds(docker: Docker, now: datetime) -> float | None:
-    started = _parse_time(docker.started_at)
-    if docker.state != "running" or started is None:
-        return None
-    return max(0.0, (now - started).total_seconds())
-
-
-def duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d{hours:02d}h"
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    if minutes:
-        return f"{minutes}m{secs:02d}s"
-    return f"{secs}s"
 
 
 # A docker inspect that timed out on a node whose SSH answered is tried once more, this many
@@ -298,26 +91,6 @@ def inspect_node(transport: Transport, node: str, names: list[str],
     return answers
 
 
-def _problems(row: Row, expected_generation: int | None) -> list[str]:
-    problems = []
-    docker = row.docker
-    if docker.state == "unknown":
-        problems.append(docker.error or "docker state unknown")
-    elif docker.state == "absent":
-        problems.append("container absent")
-    elif docker.state == "paused":
-        problems.append("paused (running, not answering)")
-    elif docker.state != "running":
-        problems.append(f"{docker.state} (exit {docker.exit_code})")
-    if (docker.generation is not None and expected_generation is not None
-            and docker.generation != str(expected_generation)):
-        problems.append(f"generation {docker.generation}, stack has {expected_generation} "
-                        "(pulumi up pending)")
-    if not row.health.ok:
-        problems.append(f"health {row.health.summary()}")
-    return problems
-
-
 def door_tls(stack: Stack) -> Tls | None:
     """How the door's certificate is checked from here: against router.door.tls of the config
     when it is at hand (the CA is not among the outputs), else not at all. None: no TLS door."""
@@ -331,12 +104,6 @@ def door_tls(stack: Stack) -> Tls | None:
     except ssl.SSLError as error:
         unverified = tls_check(None, None)
         return Tls(unverified.context, f"not verified (router.door.tls does not load: {error})")
-
-
-def container_state(docker: Docker) -> str:
-    if docker.state in ("exited", "dead"):
-        return f"{docker.state} ({docker.exit_code})"
-    return docker.state
 
 
 def collect(topology: Topology, transport: Transport, prober: Prober, timeout: float,
@@ -392,7 +159,7 @@ def collect(topology: Topology, transport: Transport, prober: Prober, timeout: f
         docker = dockers.get(ref.name) or Docker("unknown", error="docker inspect timed out")
         answer = settled(health[ref.role], HttpAnswer(ref.health_url, "-", error="timed out"))
         row = Row(ref, docker, answer)
-        row.problems = _problems(row, topology.restart_generation)
+        row.problems = problems(row, topology.restart_generation)
         rows.append(row)
     path_answer = (settled(path, HttpAnswer(topology.generate_url, "-", error="timed out"))
                    if path is not None and topology.generate_url else None)

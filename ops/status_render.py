@@ -11,7 +11,7 @@ from rich.text import Text
 
 from .door import AtDoor, DoorReport, serving_at_door
 from .probe import HttpAnswer
-from .status import Docker, Report, duration, uptime_seconds
+from .verdict import Docker, Report, duration, uptime_seconds
 from .virtual_ip import VirtualIpReport
 
 

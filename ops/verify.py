@@ -34,7 +34,7 @@ from components.render import door_ca_file, router_auth_header_file
 from . import DEGRADED, DOWN, OK
 from .probe import Tls, curl_command, direct_client, parse_curl
 from .remote import RemoteError, Transport
-from .stack import Topology
+from .topology import Topology
 
 Request = VerificationSpec.Request
 # Token ids drawn from here: ordinary vocabulary, clear of the special tokens at the low end.

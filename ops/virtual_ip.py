@@ -21,7 +21,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from .probe import settled
 from .remote import RemoteError, Transport
-from .stack import Door, DoorNode, VirtualIp
+from .topology import Door, DoorNode, VirtualIp
 
 # What the notify FIFO's reader writes (keepalived 2.2.7's states for a vrrp_instance; STOP on a
 # graceful shutdown).

@@ -13,6 +13,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
+from components.outputs import ContainerOutput
+
 CONTAINER = "docker:index/container:Container"
 # What the engine shows for a value it will only know after apply.
 UNKNOWN = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"
@@ -147,13 +151,20 @@ def stack_name(preview: dict[str, Any]) -> str:
 
 
 def deployed_roles(preview: dict[str, Any]) -> dict[str, str]:
-    """role -> node from the deployed stack's `containers` output (empty before the first up)."""
+    """role -> node from the deployed stack's `containers` output (empty before the first up),
+    each entry read by the outputs' model (components/outputs.py): its shape has not changed
+    across the outputs' versions, so a stack a kimipd of another version deployed reads too."""
     for step in preview.get("steps", []):
         state = step.get("oldState") or {}
         if state.get("type") == "pulumi:pulumi:Stack":
             containers = (state.get("outputs") or {}).get("containers") or {}
-            return {role: entry.get("node", "") for role, entry in containers.items()
-                    if isinstance(entry, dict)}
+            found = {}
+            for role, entry in containers.items():
+                try:
+                    found[role] = ContainerOutput.model_validate(entry).node
+                except ValidationError:
+                    continue
+            return found
     return {}
 
 

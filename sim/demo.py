@@ -18,6 +18,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from components.outputs import read_outputs
 from sim.automation import (
     REPO, REQUIRED_PLUGINS, engine_env, installed_plugins, language_host_missing, repo_stack,
     sim_stack_env)
@@ -63,17 +64,17 @@ def main() -> int:
     stack.refresh()
     started = time.monotonic()
     result = stack.up(on_output=print)
-    outputs = {key: value.value for key, value in result.outputs.items()}
+    outputs = read_outputs({key: value.value for key, value in result.outputs.items()})
     print(f"\npulumi up -s sim: {time.monotonic() - started:.0f}s, "
           f"{dict(result.summary.resource_changes or {})}")
-    print(f"router:     {outputs['routerUrl']}")
-    door = outputs.get("door")
-    if door:
-        slots = ", ".join(f"{name} {slot['url']}" for name, slot in sorted(door["slots"].items()))
-        print(f"door:       HAProxy on {door['url']}, slots {slots}")
-    print(f"smoke test: {outputs['smokeTest']!r}")
-    answer = generate(outputs["generateUrl"], "Hello from the kimipd demo",
-                      outputs["routerApiKey"])
+    print(f"router:     {outputs.router_url}")
+    door = outputs.door
+    if door is not None:
+        slots = ", ".join(f"{name} {slot.url}" for name, slot in sorted(door.slots.items()))
+        print(f"door:       HAProxy on {door.url}, slots {slots}")
+    print(f"smoke test: {outputs.smoke_test!r}")
+    answer = generate(str(outputs.generate_url), "Hello from the kimipd demo",
+                      outputs.router_api_key or "")
     print(f"/generate:  {answer['text']!r}")
     print("\nthe same stack from the CLI, in the repository root:\n"
           '  eval "$(scripts/setup-stack-sim)"\n'

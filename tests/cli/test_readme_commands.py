@@ -68,6 +68,8 @@ class Cli:
         copy = self.work / name
         shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns(".git", ".venv", "venv", "__pycache__"))
         (copy / ".venv").symlink_to(os.readlink(REPO / ".venv"))
+        if (REPO / "policy" / "venv").exists():  # the runner's kept venv (the workflow)
+            (copy / "policy" / "venv").symlink_to(REPO / "policy" / "venv")
         path = copy / "Pulumi.sim.yaml"
         document = yaml.safe_load(path.read_text())
         for key, value in changes.items():
@@ -196,9 +198,14 @@ def test_preview_diff_of_a_decode_only_edit_shows_the_flag_on_the_decode_ranks_o
     assert re.fullmatch(r"Resources:\s+\+-12 to replace\s+\d+ unchanged", resources_line(output)), output[-2000:]
 
 
-def test_the_workflow_preview_step_posts_a_summary_of_a_decode_only_edit(cli: Cli) -> None:
+def workflow_preview_step() -> dict:
     workflow = yaml.safe_load((REPO / ".github" / "workflows" / "preview.yml").read_text())
     (step,) = [s for s in workflow["jobs"]["preview"]["steps"] if s.get("id") == "preview"]
+    return step
+
+
+def test_the_workflow_preview_step_posts_a_summary_of_a_decode_only_edit(cli: Cli) -> None:
+    step = workflow_preview_step()
     groups = yaml.safe_load((REPO / "Pulumi.sim.yaml").read_text())["config"]["kimipd:groups"]
     args = groups["decode"]["extraArgs"]
     old = args[args.index("--max-running-requests") + 1]
@@ -319,6 +326,16 @@ def test_the_policy_pack_passes_the_stack_and_refuses_a_privileged_container(
     output = refused.stdout + refused.stderr
     assert "kimipd-no-privileged" in output and "mandatory" in output.lower(), output[-3000:]
     assert "kimipd-decode-r1: privileged container" in output
+    # The pull-request workflow's preview step runs the pack: it fails with the pack's message
+    # and writes no summary to post.
+    step_summary = cli.work / "refused-step-summary.md"
+    workflow = cli.run(workflow_preview_step()["run"], cwd=checkout, check=False,
+                       extra={"STACK": "sim", "GITHUB_STEP_SUMMARY": str(step_summary)})
+    preview = checkout / "preview.json"
+    output = workflow.stdout + workflow.stderr + (preview.read_text() if preview.exists() else "")
+    assert workflow.returncode != 0, output[-3000:]
+    assert "kimipd-no-privileged" in output and "privileged container" in output, output[-3000:]
+    assert not (checkout / "summary.md").exists() and not step_summary.exists()
     allowed = cli.work / "policy-config.json"
     allowed.write_text(json.dumps({"kimipd-no-privileged": {"allowPrivileged": True}}))
     cli.run(f"pulumi preview -s sim --policy-pack {policy_pack} --policy-pack-config {allowed}",

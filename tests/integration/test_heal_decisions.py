@@ -9,6 +9,7 @@ Tests run in file order on one stack."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,12 +18,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from pulumi import automation as auto
 
 from sim.automation import Project
 from tests.integration.engine import (  # noqa: F401 - fixtures
-    SMALL_ROUTER, assert_replaced_only, container_ids, env, new_stack, project, settled_status, small_2p2d_values,
-    small_sim, status_problems)
+    SMALL_ROUTER, assert_replaced_only, container_ids, env, kimipd, new_stack, project, settled_status,
+    small_2p2d_values, small_sim, status_problems)
 from tests.integration.healing import (
     PASSPHRASE, command_line, decisions, descendants, heal_under_load, healthy_workers,
     kill_server, reconcile_once, reconcile_service, wait_exited)
@@ -98,8 +100,40 @@ def test_a_dry_run_and_a_recent_update_change_nothing_then_one_pass_heals(
     finally:
         (locks / "held-by-test.json").unlink()
 
+    # The policy pack stops each path that changes the stack, with its message, before a node
+    # changes. A change it refuses (a privileged container: the program takes it, the pack does
+    # not), at `kimipd preview` and `kimipd up`:
+    values = yaml.safe_load((project.directory / f"Pulumi.{STACK}.yaml").read_text())["config"]
+    project.update_stack(STACK, {"container": values["kimipd:container"] | {"privileged": True}})
+    try:
+        for command in (["preview"], ["up", "--yes"]):
+            refused = kimipd(project, STACK, *command)
+            output = refused.stdout + refused.stderr
+            assert refused.returncode != 0, output[-3000:]
+            assert "kimipd-no-privileged" in output and "mandatory" in output.lower(), \
+                output[-3000:]
+    finally:
+        project.update_stack(STACK, {"container": values["kimipd:container"]})
+    # A deployed stack the pack now refuses (the operator's pack config for this stack says its
+    # NCCL interface is the management one; nothing in the stack's config changes, so nothing is
+    # pending): the heal's up stops, and the pass names the policy.
+    operator_file = project.directory / f"Pulumi.{STACK}.policy.json"
+    operator_file.write_text(json.dumps(
+        {"kimipd-nccl-off-management": {"managementInterface": "bond1"}}))
+    try:
+        # Its state file is the next pass's: the failed heal's refresh dropped the dead rank from
+        # the state, and only reconcile's own retry may apply that pending create.
+        code, line = reconcile_once(project, STACK, tmp_path, "--grace-seconds", "0",
+                                    "--human-window-minutes", "0", "--backoff-seconds", "0")
+        assert (code, line["decision"], line["units"]) == (1, "heal-failed", [GROUP]), line
+        assert any(failure["error"].startswith("policy kimipd-nccl-off-management (mandatory)")
+                   for failure in line.get("failures", [])), line
+    finally:
+        operator_file.unlink()
+    assert container_ids(sim) == before, "a change the policy pack refused touched a node"
+
     code, line = reconcile_once(project, STACK, tmp_path, "--grace-seconds", "0",
-                                "--human-window-minutes", "0")
+                                "--human-window-minutes", "0", "--backoff-seconds", "0")
     assert (code, line["decision"], line["units"]) == (0, "healed", [GROUP]), line
     assert_replaced_only(before, container_ids(sim), f"kimipd-{GROUP}-")
     newest = stack.history(page_size=2)

@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 from pulumi import automation as auto
 
+from components.outputs import read_outputs
 from ops.cli import main as kimipd
 from sim.automation import Project
 from tests.integration.engine import (  # noqa: F401 - fixtures
@@ -101,19 +102,23 @@ def test_prefill_rank_exiting_while_loading_fails_the_gate(project: Project,
 def test_up_converges_and_the_router_answers(stack: auto.Stack, sim: SimCluster) -> None:
     # The module's stack fixture ran the first `up`: what it converged. The runbook's order
     # (router last up, first down) is MiniLB's (engine.with_minilb).
-    outputs = {key: value.value for key, value in stack.outputs().items()}
-    assert outputs["routerUrl"] == SMALL_ROUTER
-    assert outputs["generateUrl"] == SMALL_ROUTER + "/generate"
-    assert outputs["smokeTest"].strip(), "the router returned no text"
-    assert outputs["groups"]["decode"]["nodes"] == DECODE_NODES
-    assert outputs["mooncakeMaster"] == f"{PREFILL_NODES[0]}:50051"
-    assert outputs["containers"]["decode-r1"] == {
+    # The outputs of a real `up` (the node-side values too) are what the model takes, as every
+    # reader takes them (components/outputs.py).
+    outputs = read_outputs({key: value.value for key, value in stack.outputs().items()})
+    assert outputs.router_url == SMALL_ROUTER
+    assert outputs.generate_url == SMALL_ROUTER + "/generate"
+    assert outputs.smoke_test and outputs.smoke_test.strip(), "the router returned no text"
+    assert outputs.groups["decode"].nodes == DECODE_NODES
+    assert outputs.mooncake_master == f"{PREFILL_NODES[0]}:50051"
+    assert outputs.containers is not None
+    assert outputs.containers["decode-r1"].model_dump(by_alias=True) == {
         "node": DECODE_NODES[1], "container": "kimipd-decode-r1",
         "healthUrl": f"http://{DECODE_NODES[1]}:30000/health"}
     for node in SMALL_NODES:
-        assert outputs["nodes"][node]["imageDigest"].startswith("10.231.60.254:5000/kimipd/sim-node@sha256:")
+        assert str(outputs.nodes[node].image_digest).startswith(
+            "10.231.60.254:5000/kimipd/sim-node@sha256:")
     config = small_values(sim)
-    assert outputs["nodeFiles"] == {f["destination"]: f["sha256"] for f in config["nodeFiles"]}
+    assert outputs.node_files == {f["destination"]: f["sha256"] for f in config["nodeFiles"]}
     running = container_ids(sim)
     # 4 ranks, the Mooncake master and MiniLB
     assert len(running) == 6 and all(v.endswith("running") for v in running.values()), running

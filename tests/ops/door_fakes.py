@@ -31,6 +31,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from tests.ops.loopback import LocalNodes, free_port
+from tests.outputs import complete_outputs
 
 KEY = "door-test-key"
 MASTER_NODE, PREFILL_NODE, DECODE_NODE, ROUTER_NODE = (
@@ -414,7 +415,7 @@ class DoorStack:
             "url": self.door_url, "tls": self.tls, "node": ROUTER_NODE,
             "metricsUrl": self.exporter.url + "/metrics", "adminSocket": self.admin.path,
             "container": "kimipd-door",
-            "slots": {name: {"url": slot.url, "metricsPort": 29001 + i,
+            "slots": {name: {"url": slot.url, "port": slot.port, "metricsPort": 29001 + i,
                              "container": f"kimipd-router-{name}", "server": f"slot-{name}",
                              "role": f"router-{name}",
                              "restore": f"curl -sf -o /dev/null -X POST {slot.url}/restore"}
@@ -424,10 +425,11 @@ class DoorStack:
         if self.two_nodes:
             nodes.append(OTHER_DOOR_NODE)
             self._two_door_nodes(containers, door)
-        return {"serving": True, "restartGeneration": 0, "groups": groups,
-                "nodes": {node: {"roles": []} for node in nodes},
-                "containers": containers, "door": door, "routerUrl": self.door_url,
-                "generateUrl": self.door_url + "/generate"}
+        return complete_outputs({"serving": True, "restartGeneration": 0, "groups": groups,
+                                 "nodes": {node: {"roles": []} for node in nodes},
+                                 "containers": containers, "door": door,
+                                 "routerUrl": self.door_url,
+                                 "generateUrl": self.door_url + "/generate"})
 
     def _two_door_nodes(self, containers: dict[str, Any], door: dict[str, Any]) -> None:
         """The outputs' parts a door on two nodes adds (components/cluster.py's door_output)."""

@@ -28,6 +28,7 @@ from typing import Any, Callable
 from ops.remote import CommandTimeout, RemoteError, RemoteResult
 from tests import fake_servers
 from tests.conftest import REPO
+from tests.outputs import complete_outputs
 
 STANDIN_DIR = REPO / "sim" / "standin"
 # Never let anything started here look for a hub or a proxy.
@@ -208,6 +209,9 @@ class LoopbackCluster:
         if serving:
             outputs |= {"containers": containers, "routerUrl": self.router_url,
                         "generateUrl": self.router_url + "/generate", "smokeTest": "x"}
+        outputs = complete_outputs(outputs)
+        # Loopback has no nftables table: the stack's firewall is off (a test turns it on).
+        outputs["firewall"] = outputs["firewall"] | {"enabled": False}
         return outputs
 
     def containers(self) -> dict[tuple[str, str], Proc | None]:

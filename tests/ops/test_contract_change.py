@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import io
+from contextlib import nullcontext
 
 from pulumi import automation as auto
 
@@ -13,6 +14,7 @@ from components.config import load_cluster_config
 from components.render import admit_command
 from ops.contract_change import contract_change
 from ops.node_out import OutUpdate
+from ops.policy_pack import PolicyRun
 from tests.conftest import stack_values, without_the_door
 
 
@@ -65,7 +67,8 @@ class PreviewingStack:
     def get_all_config(self) -> dict:
         return self.config
 
-    def preview(self, on_event=None, exclude=None, diff=False, on_output=None) -> None:
+    def preview(self, on_event=None, exclude=None, diff=False, on_output=None,
+                policy_packs=None, policy_pack_configs=None) -> None:
         def state(inputs: dict) -> auto.StepEventStateMetadata:
             return auto.StepEventStateMetadata(type="command:remote:Command", urn="u", id="",
                                                parent="", provider="", inputs=inputs)
@@ -79,6 +82,9 @@ class PreviewingStack:
 class Engine:
     def __init__(self, stack: PreviewingStack) -> None:
         self.stack = stack
+
+    def policy(self) -> nullcontext[PolicyRun]:
+        return nullcontext(PolicyRun(packs=[], configs=[]))
 
 
 def test_kimipd_preview_names_the_change_after_the_engine_s_preview() -> None:

@@ -15,7 +15,7 @@ import pytest
 from ops import DEGRADED, DOWN, OK
 from ops.door import parse_show_stat, runtime_api
 from ops.probe import Prober
-from ops.stack import Topology
+from ops.topology import Topology
 from ops.status import collect
 from tests.ops.door_fakes import KEY, ROUTER_NODE, DoorStack
 from tests.ops.loopback import free_port, http_status, wait_until

@@ -16,7 +16,7 @@ from ops import OK
 from ops.cli import main
 from ops.logs import collect_bundle
 from ops.remote import RemoteResult
-from ops.stack import Topology
+from ops.topology import Topology
 from tests.ops.door_fakes import (OTHER_DOOR_NODE, OTHER_KEEPALIVED, ROUTER_NODE, VIRTUAL_IP,
                                   AdminSocket, DoorStack)
 from tests.ops.test_logs import read_bundle

@@ -15,7 +15,8 @@ import pytest
 from components.config import VerificationSpec
 from ops.heal_policy import MESSAGE_PREFIX, SERVING, WAITING, Limits, Memory, assess, breakages
 from ops.reconcile import Reconciler, Settings
-from ops.stack import Access, Stack, Topology
+from ops.stack import Access, Stack
+from ops.topology import Topology
 from tests.ops.door_fakes import (KEY, OTHER_DOOR, OTHER_DOOR_NODE, OTHER_KEEPALIVED,
                                   ROUTER_NODE, VIRTUAL_IP, DoorStack)
 from tests.ops.test_reconcile import Engine

@@ -17,7 +17,7 @@ from ops.cli import main
 from ops.door import RUNTIME_API_SCRIPT, RuntimeApiError, parse_show_stat, serving_at_door
 from ops.probe import Prober, tls_check
 from ops.remote import RemoteResult
-from ops.stack import Topology
+from ops.topology import Topology
 from ops.status import collect
 from ops.status_render import render
 from ops.verify import run as verify_run

@@ -14,7 +14,8 @@ from ops import DEGRADED, OK
 from ops.cli import main
 from ops.logs import collect_bundle, sort_by_timestamp, valid_since
 from ops.remote import RemoteError, RemoteResult
-from ops.stack import Topology
+from ops.topology import Topology
+from tests.outputs import complete_outputs
 
 NODES = [f"10.9.0.{i}" for i in range(1, 5)]
 
@@ -35,13 +36,15 @@ def outputs() -> dict:
         "router": {"node": NODES[2], "container": "kimipd-router",
                    "healthUrl": f"http://{NODES[2]}:31000/health"},
     }
-    return {
+    return complete_outputs({
         "serving": True, "restartGeneration": 2, "containers": containers,
-        "groups": {"prefill": {"mode": "prefill", "nodes": NODES[:2]},
-                   "decode": {"mode": "decode", "nodes": NODES[2:]}},
+        "groups": {"prefill": {"mode": "prefill", "endpoint": f"http://{NODES[0]}:30000",
+                               "nodes": NODES[:2]},
+                   "decode": {"mode": "decode", "endpoint": f"http://{NODES[2]}:30000",
+                              "nodes": NODES[2:]}},
         "nodes": {node: {"roles": []} for node in NODES},
         "routerUrl": f"http://{NODES[2]}:31000", "generateUrl": f"http://{NODES[2]}:31000/generate",
-    }
+    })
 
 
 class CannedNodes:

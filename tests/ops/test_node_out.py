@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import io
 import json
+from contextlib import nullcontext
 
 from pulumi import automation as auto
 
 from ops.node_out import (OutUpdate, out_addresses, preview_deletes, resources_on,
                           state_resources)
+from ops.policy_pack import PolicyRun
 from ops.reconcile import failure_summary
 from ops.stack_engine import failures_from_events
 
@@ -77,7 +79,11 @@ def test_the_config_names_its_out_nodes() -> None:
     config = {"kimipd:nodes": {"value": '[{"address": "10.0.0.1"}, '
                                         '{"address": "10.0.0.2", "out": true}]',
                                "objectValue": [{"address": "10.0.0.1"},
-                                               {"address": "10.0.0.2", "out": True}]}}
+                                               {"address": "10.0.0.2", "out": True}],
+                               "secret": False}}
+    assert out_addresses(config) == ["10.0.0.2"]
+    # As the Automation API gives it: JSON text, no objectValue.
+    del config["kimipd:nodes"]["objectValue"]
     assert out_addresses(config) == ["10.0.0.2"]
     assert out_addresses({}) == []
     assert preview_deletes([{"op": "delete", "urn": "a"}, {"op": "same", "urn": "b"},
@@ -120,7 +126,8 @@ class FakeStack:
     def export_stack(self) -> auto.Deployment:
         return auto.Deployment(version=3, deployment=STATE["deployment"])
 
-    def preview(self, on_event=None, exclude=None, diff=False, on_output=None) -> None:
+    def preview(self, on_event=None, exclude=None, diff=False, on_output=None,
+                policy_packs=None, policy_pack_configs=None) -> None:
         self.calls.append(("preview", exclude))
         for urn in (NODE8, GROUP, GROUP + "-r0"):
             if on_event is not None:
@@ -129,23 +136,32 @@ class FakeStack:
                         op=auto.OpType.DELETE, urn=urn, type="", provider="")))))
 
     def up(self, exclude=None, diff=False, message=None, on_output=None,
-           show_secrets=True) -> None:
+           show_secrets=True, policy_packs=None, policy_pack_configs=None) -> None:
         assert not show_secrets
+        # Every update names the policy pack, with this stack's config for it.
+        assert (policy_packs, policy_pack_configs) == (POLICY.packs, POLICY.configs)
         self.calls.append(("up", exclude))
         if self.fail_up:
             raise auto.CommandError(auto.CommandResult("", "error: a gate failed", 1))
-
-    def _run_pulumi_cmd_sync(self, args: list[str]) -> None:
-        self.calls.append(("cli", args))
 
     def destroy(self, target=None, message=None, on_output=None, show_secrets=True) -> None:
         assert not show_secrets
         self.calls.append(("destroy", target))
 
 
+POLICY = PolicyRun(packs=["/repo/policy"], configs=["/tmp/policy-config.json"])
+
+
 class FakeEngine:
     def __init__(self, stack: FakeStack) -> None:
         self.stack = stack
+
+    def policy(self) -> nullcontext[PolicyRun]:
+        return nullcontext(POLICY)
+
+    def delete_from_state(self, urns: list[str]) -> None:
+        if urns:
+            self.stack.calls.append(("state-delete", urns))
 
 
 def test_up_excludes_the_out_nodes_resources_then_drops_exactly_those() -> None:
@@ -157,21 +173,21 @@ def test_up_excludes_the_out_nodes_resources_then_drops_exactly_those() -> None:
     # destroyed for real, before the state delete.
     assert ("destroy", [GROUP + "-r0"]) in stack.calls
 
-    cli = [args for name, args in stack.calls if name == "cli"]
+    deleted = [urns for name, urns in stack.calls if name == "state-delete"]
     # What depends on the leftover leaves the state first, then the leftover is destroyed,
     # then the rest leaves.
     names = [name for name, _ in stack.calls]
-    assert names[-3:] == ["cli", "destroy", "cli"], names
-    assert cli[0] == ["state", "delete", GROUP + "-r1-health", "--yes", "--force"]
+    assert names[-3:] == ["state-delete", "destroy", "state-delete"], names
+    assert deleted[0] == [GROUP + "-r1-health"]
     rest = [urn for urn in excluded if urn != GROUP + "-r1-health"]
-    assert cli[1] == ["state", "delete", *reversed(rest), "--yes", "--force"]
+    assert deleted[1] == list(reversed(rest))
     assert "dropped from the state, none contacted" in out.getvalue()
 
 
 def test_a_failed_up_drops_nothing_and_an_unconfirmed_one_runs_nothing() -> None:
     failing = FakeStack(fail_up=True)
     assert OutUpdate(FakeEngine(failing), io.StringIO()).up(False, True) == 1  # type: ignore[arg-type]
-    assert not [call for call in failing.calls if call[0] == "cli"]
+    assert not [call for call in failing.calls if call[0] == "state-delete"]
     asked = FakeStack()
     update = OutUpdate(FakeEngine(asked), io.StringIO(), confirm=lambda _: "no")  # type: ignore[arg-type]
     assert update.up(False, False) == 1

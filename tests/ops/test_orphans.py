@@ -15,6 +15,7 @@ from ops.orphans import (LIST_COMMAND, NodeContainer, find_orphans, known_contai
 from ops.remote import RemoteError, RemoteResult
 from ops.stack import roles_from_config
 from tests.conftest import stack_values
+from tests.outputs import complete_outputs
 
 NODES = ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
 
@@ -119,7 +120,8 @@ def three_node_config() -> dict:
 
 def cli(tmp_path: Path, state_ids: list[str], *args: str, nodes: DockerNodes,
         config: dict | None = None) -> int:
-    (tmp_path / "outputs.json").write_text(json.dumps({"nodes": {n: {} for n in NODES[:2]}}))
+    (tmp_path / "outputs.json").write_text(json.dumps(complete_outputs(
+        {"serving": False, "nodes": {n: {"roles": []} for n in NODES[:2]}})))
     # The config names a node the outputs do not (a first `up` killed before its outputs).
     values = three_node_config() if config is None else config
     (tmp_path / "config.json").write_text(json.dumps({f"kimipd:{key}": value

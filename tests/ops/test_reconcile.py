@@ -10,6 +10,7 @@ import json
 import subprocess
 import threading
 import urllib.request
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -17,18 +18,25 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from components.config import VerificationSpec
-from ops.heal_policy import MESSAGE_PREFIX, REFUSED, SERVING, WAITING, Limits, UpdateEntry
-from ops.reconcile import MetricsEndpoint, ReconcileMetrics, Reconciler, Settings, load_memory
-from ops.stack import Access, Stack, StackError, Topology
+from ops.heal_policy import MESSAGE_PREFIX, REFUSED, SERVING, WAITING, Limits
+from ops.stack_engine_types import UpdateEntry
+from ops.policy_pack import PolicyRun
+from ops.reconcile import Reconciler, Settings, load_memory
+from ops.reconcile_metrics import MetricsEndpoint, ReconcileMetrics
+from ops.stack import Access, Stack, StackError
+from ops.topology import Topology
 from ops.stack_engine import (HealFailed, StackEngine, StackLocked, config_fingerprint,
                                file_backend_locks)
 from tests.ops.loopback import free_port
+from tests.outputs import complete_outputs
 from tests.unit.test_heal_policy import report, row
 
-OUTPUTS = {"serving": True,
-           "groups": {"decode-b": {"mode": "decode", "nodes": ["10.0.0.1"]}},
-           "containers": {"decode-b-r0": {"node": "10.0.0.1", "container": "kimipd-decode-b-r0",
-                                          "healthUrl": "http://10.0.0.1:30000/health"}}}
+OUTPUTS = complete_outputs({
+    "serving": True,
+    "groups": {"decode-b": {"mode": "decode", "endpoint": "http://10.0.0.1:30000",
+                            "nodes": ["10.0.0.1"]}},
+    "containers": {"decode-b-r0": {"node": "10.0.0.1", "container": "kimipd-decode-b-r0",
+                                   "healthUrl": "http://10.0.0.1:30000/health"}}})
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -347,6 +355,7 @@ def test_a_heals_refresh_and_up_events_also_reach_its_observer() -> None:
     # Without its constructor: no CLI, no workspace; the stack is the stand-in above.
     engine = StackEngine.__new__(StackEngine)
     engine.stack, engine.on_event = Stack(), seen.append
+    engine.policy = lambda: nullcontext(PolicyRun(packs=[], configs=[]))  # type: ignore[method-assign]
     assert engine.heal("kimipd reconcile: heal router-a") == {"replace": 1, "same": 9}
     assert seen == ["refresh event", "up event"]
 

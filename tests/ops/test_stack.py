@@ -18,7 +18,9 @@ from components.config import VerificationSpec, load_cluster_config
 from ops import DEGRADED, DOWN, OK, USAGE
 from ops.cli import progress_line
 from ops.remote import RemoteError, SshTransport, load_private_key
-from ops.stack import StackError, Topology, config_values, load_stack
+from ops.stack import StackError, config_values, load_stack
+from ops.topology import Topology
+from tests.outputs import complete_outputs
 from tests.conftest import REPO, stack_values
 
 
@@ -38,11 +40,12 @@ PULUMI_CONFIG = {
     "kimipd:restartGeneration": {"value": "3", "secret": False},
     "kimipd:sshPrivateKey": {"secret": True},
 }
-OUTPUTS = {"serving": True, "restartGeneration": 3, "routerUrl": "http://10.0.0.1:31000",
-           "generateUrl": "http://10.0.0.1:31000/generate",
-           "containers": {"router": {"node": "10.0.0.1", "container": "kimipd-router",
-                                     "healthUrl": "http://10.0.0.1:31000/health"}},
-           "groups": {}, "nodes": {"10.0.0.1": {"roles": ["router"]}}}
+OUTPUTS = complete_outputs({
+    "serving": True, "restartGeneration": 3, "routerUrl": "http://10.0.0.1:31000",
+    "generateUrl": "http://10.0.0.1:31000/generate",
+    "containers": {"router": {"node": "10.0.0.1", "container": "kimipd-router",
+                              "healthUrl": "http://10.0.0.1:31000/health"}},
+    "groups": {}, "nodes": {"10.0.0.1": {"roles": ["router"]}}})
 
 
 @pytest.fixture
@@ -136,13 +139,15 @@ def test_pro6000_carries_the_runbooks_figures() -> None:
 
 
 def test_topology_is_in_the_runbooks_order() -> None:
-    outputs = {"containers": {role: {"node": "10.0.0.1", "container": f"kimipd-{role}",
-                                     "healthUrl": "http://x/health"}
-                              for role in ("router", "decode-r1", "decode-r0", "prefill-r0",
-                                           "mooncake-master", "prefill-r1")},
-               "groups": {"decode": {"mode": "decode", "nodes": ["a", "b"]},
-                          "prefill": {"mode": "prefill", "nodes": ["c", "d"]}},
-               "serving": True}
+    outputs = complete_outputs({
+        "containers": {role: {"node": "10.0.0.1", "container": f"kimipd-{role}",
+                              "healthUrl": "http://x/health"}
+                       for role in ("router", "decode-r1", "decode-r0", "prefill-r0",
+                                    "mooncake-master", "prefill-r1")},
+        "groups": {"decode": {"mode": "decode", "endpoint": "http://a:30000", "nodes": ["a", "b"]},
+                   "prefill": {"mode": "prefill", "endpoint": "http://c:30000",
+                               "nodes": ["c", "d"]}},
+        "serving": True})
     topology = Topology.from_outputs("s", outputs)
     assert [c.role for c in topology.containers] == [
         "mooncake-master", "prefill-r0", "prefill-r1", "decode-r0", "decode-r1", "router"]
@@ -202,22 +207,25 @@ def door_outputs(tls: bool = False) -> dict:
     containers |= {role: {"node": "10.0.0.1", "container": f"kimipd-{role}",
                           "healthUrl": "http://10.0.0.1:30000/health"}
                    for role in ("decode-r0", "mooncake-master", "prefill-r0")}
-    return {
+    return complete_outputs({
         "serving": True, "containers": containers,
-        "groups": {"decode": {"mode": "decode", "nodes": ["10.0.0.1"]},
-                   "prefill": {"mode": "prefill", "nodes": ["10.0.0.1"]}},
+        "groups": {"decode": {"mode": "decode", "endpoint": "http://10.0.0.1:30001",
+                              "nodes": ["10.0.0.1"]},
+                   "prefill": {"mode": "prefill", "endpoint": "http://10.0.0.1:30000",
+                               "nodes": ["10.0.0.1"]}},
         "routerUrl": f"{scheme}://{DOOR_NODE}:31000",
         "generateUrl": f"{scheme}://{DOOR_NODE}:31000/generate",
         "door": {"url": f"{scheme}://{DOOR_NODE}:31000", "tls": tls, "node": DOOR_NODE,
                  "metricsUrl": f"http://{DOOR_NODE}:29100/metrics",
                  "adminSocket": "/opt/kimipd/router-31000/door/admin.sock",
                  "container": "kimipd-door",
-                 "slots": {name: {"url": f"http://{DOOR_NODE}:{port}", "metricsPort": metrics,
+                 "slots": {name: {"url": f"http://{DOOR_NODE}:{port}", "port": port,
+                                  "metricsPort": metrics,
                                   "container": f"kimipd-router-{name}", "server": f"slot-{name}",
                                   "role": f"router-{name}"}
                            for name, port, metrics in (("b", 31002, 29002),
                                                        ("a", 31001, 29001))}},
-    }
+    })
 
 
 def test_the_door_output_is_read_into_the_topology() -> None:
@@ -249,17 +257,11 @@ def test_the_door_output_is_read_into_the_topology() -> None:
         assert [ref.role for ref in topology.select(selectors)] == roles
 
 
-def test_a_stack_without_the_door_output_is_read_as_before() -> None:
+def test_a_stack_without_the_door_has_its_single_router() -> None:
     topology = Topology.from_outputs("s", OUTPUTS)
     assert topology.door is None and topology.door_container is None
     assert topology.router.role == "router" and topology.router.slot is None
     assert [r.role for r in topology.routers] == ["router"]
-    # slots' containers without the door output still sort and count as routers
-    outputs = door_outputs()
-    del outputs["door"]
-    topology = Topology.from_outputs("s", outputs)
-    assert [c.role for c in topology.containers][3:] == ["door", "router-a", "router-b"]
-    assert topology.router.role == "router-a" and topology.door is None
 
 
 def two_door_nodes_outputs() -> dict:
@@ -276,9 +278,13 @@ def two_door_nodes_outputs() -> dict:
     # The other door node first, and a lower address: router.node is still the first one read.
     outputs["door"]["nodes"] = {
         other: {"role": "door-10-0-0-2", "container": "kimipd-door",
+                "metricsUrl": f"http://{other}:29100/metrics",
+                "adminSocket": "/opt/kimipd/router-31000/door/b.sock",
                 "keepalived": {"role": "keepalived-10-0-0-2", "container": "kimipd-keepalived",
                                "stateFile": state_file}, "peer": DOOR_NODE},
         DOOR_NODE: {"role": "door", "container": "kimipd-door",
+                    "metricsUrl": f"http://{DOOR_NODE}:29100/metrics",
+                    "adminSocket": outputs["door"]["adminSocket"],
                     "keepalived": {"role": "keepalived", "container": "kimipd-keepalived",
                                    "stateFile": state_file}, "peer": other}}
     outputs["door"]["virtualIp"] = {"address": "10.0.0.9", "prefixLength": 32,
@@ -305,10 +311,8 @@ def test_the_door_on_two_nodes_is_read_with_its_virtual_ip() -> None:
     assert [ref.role for ref in topology.select(["keepalived"])] == [
         "keepalived", "keepalived-10-0-0-2"]
     assert [ref.role for ref in topology.select(["door"])] == ["door", "door-10-0-0-2"]
-    # Each door's runtime API on its node: the entry's own, else the door's (an output of
-    # before the entries named one).
+    # Each door's runtime API on its node.
     outputs = two_door_nodes_outputs()
-    outputs["door"]["nodes"]["10.0.0.2"]["adminSocket"] = "/opt/kimipd/router-31000/door/b.sock"
     assert [(n.address, n.admin_socket) for n in Topology.from_outputs("s", outputs).door.nodes
             ] == [(DOOR_NODE, outputs["door"]["adminSocket"]),
                   ("10.0.0.2", "/opt/kimipd/router-31000/door/b.sock")]
@@ -320,17 +324,29 @@ def test_the_door_on_two_nodes_is_read_with_its_virtual_ip() -> None:
 def test_a_door_node_without_its_keepalived_state_file_says_so() -> None:
     outputs = two_door_nodes_outputs()
     del outputs["door"]["nodes"][DOOR_NODE]["keepalived"]["stateFile"]
-    with pytest.raises(StackError, match="the stack's `door` output cannot be read "
-                                         r"\(KeyError: 'stateFile'\)"):
+    with pytest.raises(StackError, match=r"(?s)do not match version 1's model.*"
+                                         r"door\.nodes\.`10\.0\.0\.5`\.keepalived\.stateFile"):
         Topology.from_outputs("s", outputs)
 
 
 def test_a_door_output_that_cannot_be_read_says_so() -> None:
     outputs = door_outputs()
     del outputs["door"]["adminSocket"]
-    with pytest.raises(StackError, match="the stack's `door` output cannot be read "
-                                         r"\(KeyError: 'adminSocket'\)"):
+    with pytest.raises(StackError, match=r"(?s)do not match version 1's model.*"
+                                         r"door\.adminSocket"):
         Topology.from_outputs("s", outputs)
+
+
+def test_outputs_of_another_version_are_refused_with_what_to_do() -> None:
+    for version in (None, 2):
+        outputs = door_outputs() | {"version": version}
+        with pytest.raises(StackError, match=f"stack s: the stack's outputs are of version "
+                                             f"{version}, and this checkout reads version 1.*"
+                                             "`pulumi up` it with this checkout"):
+            Topology.from_outputs("s", outputs)
+    # None at all: a stack never deployed (or whose first `up` was killed) has nothing to ask.
+    empty = Topology.from_outputs("s", {})
+    assert (empty.serving, empty.containers, empty.nodes, empty.door) == (False, (), (), None)
 
 
 def test_the_config_says_the_router_kind_the_door_tls_and_the_door_roles(

@@ -17,8 +17,9 @@ from ops import DEGRADED, DOWN, OK
 from ops import probe as probe_module
 from ops.cli import main
 from ops.probe import Prober
-from ops.stack import Topology
-from ops.status import collect, note_lost_since
+from ops.topology import Topology
+from ops.status import collect
+from ops.verdict import note_lost_since
 from ops.status_render import render
 from tests.ops.loopback import LocalNodes, LoopbackCluster, start_cluster, stop_cluster
 
@@ -273,7 +274,8 @@ def test_a_docker_answer_cut_short_is_unknown_not_absent(cluster: LoopbackCluste
 
 def test_a_node_whose_firewall_table_is_gone_is_degraded_and_says_how_to_put_it_back(
         cluster: LoopbackCluster) -> None:
-    outputs = cluster.outputs() | {"firewall": {"enabled": True, "table": "inet kimipd_31000"}}
+    outputs = cluster.outputs()
+    outputs["firewall"] = outputs["firewall"] | {"enabled": True, "table": "inet kimipd_31000"}
     topology = Topology.from_outputs("loopback", outputs)
     node = topology.nodes[0]
     every = LocalNodes(cluster.containers())
@@ -295,7 +297,7 @@ def test_a_node_whose_firewall_table_is_gone_is_degraded_and_says_how_to_put_it_
     assert report.as_json()["firewall"][node] == "missing"
 
 
-def test_no_firewall_output_no_firewall_check(cluster: LoopbackCluster) -> None:
+def test_a_firewall_that_is_off_is_not_checked(cluster: LoopbackCluster) -> None:
     nodes = LocalNodes(cluster.containers(), without_firewall=set(cluster.outputs()["nodes"]))
     report = status(cluster, nodes)
     assert report.exit_code == OK and report.firewall == {}

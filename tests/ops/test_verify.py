@@ -15,7 +15,7 @@ import pytest
 from components.config import VerificationSpec
 from ops import DEGRADED, DOWN, OK
 from ops.cli import main
-from ops.stack import Topology
+from ops.topology import Topology
 from ops.verify import StreamTimer, request_body, run
 from tests.ops.loopback import LocalNodes, LoopbackCluster, start_cluster, stop_cluster
 

@@ -17,7 +17,7 @@ from rich.console import Console
 
 from ops import DEGRADED, DOWN, OK
 from ops.probe import Prober
-from ops.stack import Topology, VirtualIp
+from ops.topology import Topology, VirtualIp
 from ops.status import collect
 from ops.status_render import render
 from ops.virtual_ip import (ABSENT, UNKNOWN, VipNode, holders_verdict, holds_address,

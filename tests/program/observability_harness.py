@@ -13,6 +13,7 @@ from pulumi.runtime.config import set_all_config
 
 from observability.config import CONFIG_NAMESPACE
 from tests.conftest import REPO, observability_stack_values
+from tests.outputs import complete_outputs
 from tests.program.harness import (PRIVATE_KEY, ClusterMocks, RecordingMonitor, Run, _Warnings,
                                    host_key_of)
 
@@ -57,11 +58,13 @@ def serving_outputs(targets: list[dict[str, Any]] | None = None, **more: Any) ->
                 targets.append({"targets": [f"10.231.60.{n}:30000"], "labels": {
                     "stack": "sim", "role": f"{mode}-r{rank}", "group": mode, "mode": mode,
                     "rank": str(rank), "node": f"10.231.60.{n}"}})
-    return {"prometheusTargets": targets, "serving": True,
-            "verification": {"baseline": [], "tolerance": 0.1},
-            "firewall": {"enabled": True, "members": [f"10.231.60.{n}" for n in range(1, 9)],
-                         "clientNetworks": ["0.0.0.0/0"], "monitoringHosts": [],
-                         "operatorHosts": ["10.231.60.254"]}} | more
+    return complete_outputs({
+        "prometheusTargets": targets, "serving": True,
+        "verification": {"baseline": [], "tolerance": 0.1},
+        "firewall": {"enabled": True, "table": "inet kimipd_31000",
+                     "members": [f"10.231.60.{n}" for n in range(1, 9)],
+                     "clientNetworks": ["0.0.0.0/0"], "monitoringHosts": [],
+                     "operatorHosts": ["10.231.60.254"]}} | more)
 
 
 def run_observability(values: dict[str, Any], outputs: dict[str, Any], *,

@@ -8,11 +8,12 @@ from datetime import datetime, timezone
 import pytest
 
 from ops.heal_policy import (MESSAGE_PREFIX, REFUSED, SERVING, WAITING, Breakage, Limits,
-                             Memory, UpdateEntry, assess, breakages, engine_checks, finish_heal,
+                             Memory, assess, breakages, engine_checks, finish_heal,
                              forget_heal, start_heal)
 from ops.probe import HttpAnswer
-from ops.stack import ContainerRef
-from ops.status import Docker, Report, Row
+from ops.topology import ContainerRef
+from ops.stack_engine_types import UpdateEntry
+from ops.verdict import Docker, Report, Row
 
 LIMITS = Limits(grace_seconds=60, max_heals_per_hour=2, backoff_seconds=60,
                 backoff_max_seconds=200, human_window_seconds=900)

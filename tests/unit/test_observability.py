@@ -27,6 +27,7 @@ from observability.rules import RULES_FILE, rules_document, rules_yaml
 from observability.serving import serving_stack, ttft_ceiling, ttft_threshold
 from tests.conftest import REPO
 from tests.program.observability_harness import observability_values, serving_outputs
+from tests.outputs import complete_outputs
 
 RULE_TESTS = REPO / "observability" / "rule-tests"
 
@@ -125,6 +126,9 @@ def test_the_serving_stack_must_be_deployed_with_metrics() -> None:
         serving_stack("organization/kimipd/nope", {})
     with pytest.raises(ConfigError, match=r"no prometheusTargets output \(its kimipd:serving is "
                                           r"false\)"):
+        serving_stack("organization/kimipd/sim", complete_outputs({"serving": False}))
+    with pytest.raises(ConfigError, match=r"'organization/kimipd/sim': the stack's outputs are of "
+                                          r"version None.*`pulumi up` it with this checkout"):
         serving_stack("organization/kimipd/sim", {"serving": False})
     with pytest.raises(ConfigError, match="metrics.enabled is false"):
         serving_stack("organization/kimipd/sim", serving_outputs(targets=[]))
