@@ -17,6 +17,8 @@ from pulumi import automation as auto
 from rich.console import Console
 from rich.live import Live
 
+from components.outputs import OutputsError, read_outputs
+
 from . import DEGRADED, DOWN, OK, USAGE, reconcile_cli, status_render
 from . import logs as logs_command
 from . import orphans as orphans_command
@@ -364,12 +366,13 @@ def run_orphans(args: argparse.Namespace, stack: Stack, transport: Transport) ->
 def run_targets(args: argparse.Namespace) -> int:
     """No SSH and no config: only the stack's outputs."""
     try:
-        outputs = (json.loads(Path(args.outputs_json).read_text()) if args.outputs_json
-                   else PulumiCli(args.stack, args.cwd).outputs())
-    except StackError as error:
+        outputs = read_outputs(json.loads(Path(args.outputs_json).read_text())
+                               if args.outputs_json
+                               else PulumiCli(args.stack, args.cwd).outputs())
+    except (StackError, OutputsError) as error:
         print(f"kimipd: {error}", file=sys.stderr)
         return DOWN
-    targets = outputs.get("prometheusTargets") or []
+    targets = outputs.prometheus_targets or []
     partial = args.out.with_name(args.out.name + ".partial")
     partial.write_text(json.dumps(targets, indent=2) + "\n")
     partial.replace(args.out)
