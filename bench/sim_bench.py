@@ -17,6 +17,7 @@ from typing import Any
 from pulumi import automation as auto
 
 from components.config import read_stack_file
+from components.outputs import read_outputs
 from sim.automation import (
     REPO,
     REQUIRED_PLUGINS,
@@ -161,7 +162,8 @@ class SimBench:
         stack = self.new_stack(f"b1-{order}-{run}", self.values(order))
         recorder = Recorder()
         wall, result = self.up(stack, recorder)
-        assert result.outputs["smokeTest"].value.strip(), "the smoke test returned no text"
+        outputs = read_outputs({key: value.value for key, value in result.outputs.items()})
+        assert (outputs.smoke_test or "").strip(), "the smoke test returned no text"
         spans = recorder.spans()
         decode_start = min(s.start for s in recorder.steps.values()
                            if s.name.endswith("-decode") and s.type.endswith("Container"))
