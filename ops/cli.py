@@ -32,7 +32,8 @@ from .node_out import OutUpdate
 from .probe import VIA_CHOICES, Prober
 from .reconcile import default_state_file, load_memory
 from .remote import RemoteError, SshTransport, Transport
-from .stack import Access, PulumiCli, Stack, StackError, load_stack
+from .pulumi_workspace import StackReader
+from .stack import Access, Stack, StackError, load_stack
 from .stack_engine import StackEngine, engine_error_hint
 
 EXIT_CODES = (f"exit codes: {OK} all serve / all pass, {DEGRADED} degraded / regression / "
@@ -184,8 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run_engine(args: argparse.Namespace) -> int:
     """`kimipd up` / `kimipd preview` (ops/node_out.py)."""
     try:
-        stack = args.stack or PulumiCli(None, args.cwd).stack_name()
-        update = OutUpdate(StackEngine(stack, args.cwd))
+        update = OutUpdate(StackEngine(args.stack, args.cwd))
         if args.command == "preview":
             return update.preview(args.diff)
         return update.up(args.diff, args.yes, args.message)
@@ -325,7 +325,7 @@ def run_verify(args: argparse.Namespace, stack: Stack, transport: Transport) -> 
 def run_orphans(args: argparse.Namespace, stack: Stack, transport: Transport) -> int:
     try:
         export = (json.loads(Path(args.state_json).read_text()) if args.state_json
-                  else PulumiCli(args.stack, args.cwd).export())
+                  else StackReader(args.stack, args.cwd).export())
     except (StackError, OSError, json.JSONDecodeError) as error:
         print(f"kimipd: the stack's state cannot be read: {error}", file=sys.stderr)
         return DOWN
@@ -368,7 +368,7 @@ def run_targets(args: argparse.Namespace) -> int:
     try:
         outputs = read_outputs(json.loads(Path(args.outputs_json).read_text())
                                if args.outputs_json
-                               else PulumiCli(args.stack, args.cwd).outputs())
+                               else StackReader(args.stack, args.cwd).outputs())
     except (StackError, OutputsError) as error:
         print(f"kimipd: {error}", file=sys.stderr)
         return DOWN

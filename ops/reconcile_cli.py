@@ -16,7 +16,8 @@ from .heal_policy import REFUSED, SERVING, WAITING, Limits
 from .policy_pack import require_pack
 from .reconcile_metrics import MetricsEndpoint
 from .remote import SshTransport, Transport
-from .stack import Access, PulumiCli, StackError, load_stack
+from .pulumi_workspace import StackReader
+from .stack import Access, StackError, load_stack
 
 
 def add_parser(commands) -> None:
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace,
               "least 1 (use --dry-run to only report)", file=sys.stderr)
         return USAGE
     try:
-        name = args.stack or PulumiCli(None, args.cwd).stack_name()
+        name = args.stack or StackReader(None, args.cwd).name
         if not args.dry_run:
             require_pack()  # every heal runs the policy pack: refused at start, not at a heal
     except StackError as error:

@@ -4,10 +4,6 @@ settings of its config, read through the pulumi CLI, or from files a test inject
 from __future__ import annotations
 
 import json
-import os
-import re
-import shutil
-import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,10 +23,10 @@ from components.config.router_schema import DEFAULT_ROUTER_KIND
 from components.render import container_roles
 
 from .errors import StackError
+from .pulumi_workspace import StackReader
 from .topology import Topology
 
 REPO = Path(__file__).resolve().parent.parent
-PULUMI_TIMEOUT_SECONDS = 120
 
 
 @dataclass(frozen=True)
@@ -115,12 +111,6 @@ def config_values(pulumi_config: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
-def secret_keys(pulumi_config: Mapping[str, Any]) -> set[str]:
-    prefix = CONFIG_NAMESPACE + ":"
-    return {key[len(prefix):] if key.startswith(prefix) else key
-            for key, entry in pulumi_config.items() if _pulumi_entry(entry) and entry["secret"]}
-
-
 def access_from_config(values: Mapping[str, Any], private_key: str | None = None) -> Access:
     try:
         connection = ConnectionSpec.model_validate(values.get("connection") or {})
@@ -148,77 +138,31 @@ def verification_from_config(values: Mapping[str, Any]) -> VerificationSpec:
         raise StackError(f"kimipd:verification: {error}") from None
 
 
-class PulumiCli:
-    """`pulumi ... -s STACK` in the project directory; the backend comes from the caller's
-    environment (PULUMI_BACKEND_URL, PULUMI_CONFIG_PASSPHRASE) as for any pulumi command."""
-
-    def __init__(self, stack: str | None, cwd: Path) -> None:
-        self.stack = stack
-        self.cwd = cwd
-        self.binary = shutil.which("pulumi")
-        if self.binary is None:
-            raise StackError("the pulumi CLI is not on PATH: install it, or source the env file "
-                             "scripts/install-pulumi writes (~/.cache/kimipd/pulumi/env)")
-
-    def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        argv = [self.binary, *args] + (["-s", self.stack] if self.stack else [])
-        try:
-            result = subprocess.run(argv, cwd=self.cwd, capture_output=True, text=True,
-                                    timeout=PULUMI_TIMEOUT_SECONDS, stdin=subprocess.DEVNULL,
-                                    env=os.environ | {"PULUMI_SKIP_UPDATE_CHECK": "1"})
-        except subprocess.TimeoutExpired:
-            raise StackError(f"`pulumi {args[0]}` did not answer within "
-                             f"{PULUMI_TIMEOUT_SECONDS}s") from None
-        if check and result.returncode != 0:
-            raise StackError(f"`pulumi {' '.join(args[:2])}` failed: "
-                             + (result.stderr.strip() or result.stdout.strip())[-2000:])
-        return result
-
-    def stack_name(self) -> str:
-        if self.stack:
-            return self.stack
-        return self._run("stack", "--show-name").stdout.strip()
-
-    def outputs(self) -> dict[str, Any]:
-        return json.loads(self._run("stack", "output", "--json", "--show-secrets=false").stdout
-                          or "{}")
-
-    def export(self) -> dict[str, Any]:
-        """The state as `pulumi stack export` prints it (secrets stay encrypted)."""
-        return json.loads(self._run("stack", "export").stdout or "{}")
-
-    def config(self) -> dict[str, Any]:
-        return json.loads(self._run("config", "--json").stdout or "{}")
-
-    def secret(self, key: str) -> str | None:
-        """A secret's value, captured from stdout into memory (`pulumi config get` decrypts)."""
-        result = self._run("config", "get", key, check=False)
-        if result.returncode != 0:
-            if re.search(r"not found", result.stderr):
-                return None
-            raise StackError(f"`pulumi config get {key}` failed: {result.stderr.strip()[-2000:]}")
-        return result.stdout
+def secret_value(config: Mapping[str, Any], key: str) -> str | None:
+    """The value of `kimipd:KEY` when the config holds it as a secret (never a plain one)."""
+    entry = config.get(f"{CONFIG_NAMESPACE}:{key}")
+    return entry.value if entry is not None and entry.secret else None
 
 
 def load_stack(stack: str | None, cwd: Path = REPO, outputs_file: Path | None = None,
                config_file: Path | None = None) -> Stack:
-    """The stack's outputs and connection settings; files replace the CLI (tests)."""
+    """The stack's outputs and connection settings; files replace the engine (tests)."""
     name = stack or "injected"
     outputs = json.loads(Path(outputs_file).read_text()) if outputs_file is not None else None
     raw_config = json.loads(Path(config_file).read_text()) if config_file is not None else None
     private_key = router_key = None
     if outputs is None or raw_config is None:
-        cli = PulumiCli(stack, cwd)
-        name = cli.stack_name()
+        reader = StackReader(stack, cwd)
+        name = reader.name
         if outputs is None:
-            outputs = cli.outputs()
+            outputs = reader.outputs()
         if raw_config is None:
-            raw_config = cli.config()
-            if "sshPrivateKey" in secret_keys(raw_config):
-                private_key = cli.secret("sshPrivateKey")
-            if "routerApiKey" in secret_keys(raw_config):
-                router_key = cli.secret("routerApiKey")
-                router_key = router_key.strip() if router_key is not None else None
+            config = reader.config()
+            raw_config = {key: {"value": value.value, "secret": value.secret}
+                          for key, value in config.items()}
+            private_key = secret_value(config, "sshPrivateKey")
+            router_key = secret_value(config, "routerApiKey")
+            router_key = router_key.strip() if router_key is not None else None
     values = config_values(raw_config)
     roles, roles_problem = roles_from_config(values)
     return Stack(topology=Topology.from_outputs(name, outputs),

@@ -23,7 +23,8 @@ import yaml
 from pulumi import automation as auto
 
 from .policy_pack import PolicyRun, policy_run, stack_policy_file
-from .stack import REPO, StackError, config_values
+from .pulumi_workspace import open_workspace, run_cli, select
+from .stack import REPO, config_values
 from .stack_engine_types import UpdateEntry
 from .state_urns import container_urns
 
@@ -110,35 +111,16 @@ def _summary(entry: auto.UpdateSummary) -> UpdateEntry:
                        result=entry.result)
 
 
-def run_cli(workspace: auto.LocalWorkspace, args: Sequence[str]) -> auto.CommandResult:
-    """A pulumi command the Automation API has no method for, run as its own are: by the
-    workspace's CLI, in its directory, with its PULUMI_HOME and environment."""
-    if workspace.pulumi_command is None:
-        raise StackError("the Automation API's workspace has no pulumi CLI")
-    env = {"PULUMI_HOME": workspace.pulumi_home} if workspace.pulumi_home else {}
-    return workspace.pulumi_command.run(list(args), workspace.work_dir,
-                                        env | dict(workspace.env_vars or {}))
-
-
-class _Workspace(auto.LocalWorkspace):
-    """Finds the stack without selecting it: `pulumi stack select` is the operator's global
-    state, and a person's next `pulumi up` without `-s` would act on the stack reconcile chose.
-    Every command the Stack runs names its stack (`--stack`)."""
-
-    def select_stack(self, stack_name: str) -> None:
-        run_cli(self, ["stack", "--stack", stack_name])
-
-
 class StackEngine:
-    def __init__(self, stack: str, project_dir: Path,
+    def __init__(self, stack: str | None, project_dir: Path,
                  on_event: Callable[[auto.EngineEvent], None] | None = None) -> None:
         """ON_EVENT also sees every engine event of a heal's refresh and up (the bench draws
         them, bench/availability.py)."""
         self.project_dir = project_dir.resolve()
         self.on_event = on_event
         self.project = yaml.safe_load((self.project_dir / "Pulumi.yaml").read_text())["name"]
-        self.workspace = _Workspace(work_dir=str(self.project_dir), program=self._program)
-        self.stack = auto.Stack.select(stack, self.workspace)
+        self.workspace = open_workspace(self.project_dir, self._program)
+        self.stack = select(self.workspace, stack)
 
     def _program(self) -> None:
         if str(REPO) not in sys.path:

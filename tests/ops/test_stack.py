@@ -50,22 +50,35 @@ OUTPUTS = complete_outputs({
 
 @pytest.fixture
 def fake_pulumi(tmp_path: Path, monkeypatch) -> Path:
-    """A `pulumi` on PATH answering stack output / config / config get, logging its argv and
-    working directory."""
+    """A `pulumi` on PATH answering what the Automation API asks to read a stack (version,
+    stack ls, stack --stack, stack output, config --show-secrets, stack export), logging its
+    argv and working directory."""
     key = openssh_key()
     (tmp_path / "outputs.json").write_text(json.dumps(OUTPUTS))
     (tmp_path / "config.json").write_text(json.dumps(PULUMI_CONFIG))
     (tmp_path / "key").write_text(key)
+    (tmp_path / "Pulumi.yaml").write_text("name: kimipd\nruntime: python\n")
     script = tmp_path / "bin" / "pulumi"
     script.parent.mkdir()
     script.write_text(f"""#!/usr/bin/env bash
-printf '%s|%s\\n' "$PWD" "$*" >> {tmp_path}/calls
-case "$1 $2" in
-  "stack output") cat {tmp_path}/outputs.json ;;
-  "config --json") cat {tmp_path}/config.json ;;
-  "config get") [ "$3" = sshPrivateKey ] && cat {tmp_path}/key ;;
-  "stack --show-name") echo selected ;;
-  *) echo "unexpected: $*" >&2; exit 3 ;;
+args="$*"
+args="${{args#--non-interactive }}"
+printf '%s|%s\\n' "$PWD" "$args" >> {tmp_path}/calls
+case "$args" in
+  version) echo v3.274.0 ;;
+  "stack ls --json") echo '[{{"name": "selected", "current": true}}, {{"name": "other", "current": false}}]' ;;
+  "stack --stack "*) ;;
+  "stack output --json --stack "*) cat {tmp_path}/outputs.json ;;
+  "stack output --json --show-secrets --stack "*) cat {tmp_path}/outputs.json ;;
+  "config --show-secrets --json --stack "*) python3 -c '
+import json, sys
+config = json.load(open("{tmp_path}/config.json"))
+key = open("{tmp_path}/key").read()
+for name, entry in config.items():
+    if entry.get("secret"):
+        entry["value"] = key if name.endswith("sshPrivateKey") else "router-key"
+print(json.dumps(config))' ;;
+  *) echo "unexpected: $args" >&2; exit 3 ;;
 esac
 """)
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
@@ -73,12 +86,21 @@ esac
     return tmp_path
 
 
-def test_reads_outputs_config_and_the_key_through_pulumi(fake_pulumi: Path) -> None:
+def calls(fake_pulumi: Path) -> list[str]:
+    return [line.split("|", 1)[1] for line in (fake_pulumi / "calls").read_text().splitlines()
+            if line.split("|", 1)[1] != "version"]
+
+
+def test_reads_outputs_config_and_the_key_through_the_automation_api(fake_pulumi: Path) -> None:
     stack = load_stack("pro6000", cwd=fake_pulumi)
-    calls = (fake_pulumi / "calls").read_text().splitlines()
-    assert calls == [f"{fake_pulumi}|stack output --json --show-secrets=false -s pro6000",
-                     f"{fake_pulumi}|config --json -s pro6000",
-                     f"{fake_pulumi}|config get sshPrivateKey -s pro6000"]
+    # In the project directory, each naming its stack; none selects one.
+    assert all(line.startswith(f"{fake_pulumi}|")
+               for line in (fake_pulumi / "calls").read_text().splitlines()
+               if not line.endswith("|version"))
+    assert calls(fake_pulumi) == ["stack --stack pro6000",
+                                  "stack output --json --stack pro6000",
+                                  "stack output --json --show-secrets --stack pro6000",
+                                  "config --show-secrets --json --stack pro6000"]
     assert stack.topology.generate_url == "http://10.0.0.1:31000/generate"
     assert stack.topology.restart_generation == 3
     access = stack.access
@@ -93,10 +115,10 @@ def test_reads_outputs_config_and_the_key_through_pulumi(fake_pulumi: Path) -> N
     load_private_key(access.private_key)  # a key paramiko takes, from memory
 
 
-def test_without_a_stack_name_pulumi_picks_the_selected_one(fake_pulumi: Path) -> None:
+def test_without_a_stack_name_the_selected_one_is_read(fake_pulumi: Path) -> None:
     stack = load_stack(None, cwd=fake_pulumi)
     assert stack.topology.stack == "selected"
-    assert all(" -s " not in call for call in (fake_pulumi / "calls").read_text().splitlines())
+    assert calls(fake_pulumi)[:2] == ["stack ls --json", "stack --stack selected"]
 
 
 def test_no_key_secret_means_ssh_agent(fake_pulumi: Path) -> None:
@@ -105,14 +127,20 @@ def test_no_key_secret_means_ssh_agent(fake_pulumi: Path) -> None:
     (fake_pulumi / "config.json").write_text(json.dumps(config))
     stack = load_stack("sim", cwd=fake_pulumi)
     assert stack.access.private_key is None
-    assert "config get" not in (fake_pulumi / "calls").read_text()
 
 
 def test_a_failing_pulumi_is_a_stack_error(fake_pulumi: Path) -> None:
     bin_pulumi = fake_pulumi / "bin" / "pulumi"
-    bin_pulumi.write_text("#!/usr/bin/env bash\necho 'error: no stack named nope' >&2\nexit 255\n")
+    bin_pulumi.write_text("#!/usr/bin/env bash\n[ \"$1\" = version ] && echo v3.274.0 && exit 0\n"
+                          "echo 'error: no stack named nope' >&2\nexit 255\n")
     with pytest.raises(StackError, match="no stack named nope"):
         load_stack("nope", cwd=fake_pulumi)
+
+
+def test_without_the_cli_on_path_it_says_where_to_get_it(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(StackError, match="the pulumi CLI is not on PATH"):
+        load_stack("sim", cwd=tmp_path)
 
 
 def test_config_values_take_both_shapes() -> None:
