@@ -4,37 +4,25 @@
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-from pulumi import automation as auto
-from rich.console import Console
-from rich.live import Live
 
-from components.outputs import OutputsError, read_outputs
 
-from . import DEGRADED, DOWN, OK, USAGE, reconcile_cli, status_render
-from . import logs as logs_command
-from . import orphans as orphans_command
-from . import status as status_command
-from . import verdict
-from . import verify as verify_command
+from . import DEGRADED, DOWN, OK, USAGE, reconcile_cli
 from .arguments import common as _common
 from .arguments import positive as _positive
-from .heal_policy import Memory
-from .node_out import OutUpdate
-from .probe import VIA_CHOICES, Prober
-from .reconcile import default_state_file, load_memory
+from .engine_cli import run_engine
+from .logs_cli import run_logs
+from .orphans_cli import run_orphans
+from .probe import VIA_CHOICES
 from .remote import RemoteError, SshTransport, Transport
-from .pulumi_workspace import StackReader
-from .stack import Access, Stack, StackError, load_stack
-from .stack_engine import StackEngine, engine_error_hint
+from .stack import Access, StackError, load_stack
+from .status_cli import run_status
+from .targets_cli import run_targets
+from .verify_cli import run_verify
 
 EXIT_CODES = (f"exit codes: {OK} all serve / all pass, {DEGRADED} degraded / regression / "
               f"something not collected, {DOWN} stack down (serving false, no outputs) or "
@@ -180,208 +168,6 @@ def build_parser() -> argparse.ArgumentParser:
             engine.add_argument("-m", "--message", help="the update's message in the history")
         engine.set_defaults(func=None)
     return parser
-
-
-def run_engine(args: argparse.Namespace) -> int:
-    """`kimipd up` / `kimipd preview` (ops/node_out.py)."""
-    try:
-        update = OutUpdate(StackEngine(args.stack, args.cwd))
-        if args.command == "preview":
-            return update.preview(args.diff)
-        return update.up(args.diff, args.yes, args.message)
-    except (StackError, auto.CommandError) as error:
-        print(f"kimipd {args.command}: {str(error).strip()[-2000:]}", file=sys.stderr)
-        hint = engine_error_hint(str(error))
-        if hint is not None:
-            print(f"kimipd {args.command}: {hint}", file=sys.stderr)
-        return DOWN
-
-
-def reconcile_memory(stack: str) -> Memory | None:
-    """What reconcile remembers of STACK (its state file), if it runs on this host: when it
-    first found each node lost, and its last failed heal."""
-    path = default_state_file(stack)
-    if not path.exists():
-        return None
-    try:
-        return load_memory(path)
-    except StackError:
-        return None
-
-
-def console() -> Console:
-    # Not a terminal (a file, a pipe, docs): wide enough for the tables, no colour codes.
-    width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS") or 220)
-    return Console(width=width, highlight=False)
-
-
-def run_status(args: argparse.Namespace, stack: Stack, transport: Transport) -> int:
-    prober = Prober(transport, args.timeout, args.via, tls=status_command.door_tls(stack))
-    out = console()
-
-    def once() -> verdict.Report:
-        forget = getattr(transport, "forget_failures", None)
-        if forget is not None:
-            forget()
-        report = status_command.collect(stack.topology, transport, prober, args.timeout,
-                                        args.generate_timeout, stack.router_api_key,
-                                        stack.router_kind)
-        memory = reconcile_memory(stack.topology.stack)
-        if report.lost and memory is not None:
-            verdict.note_lost_since(report, memory.lost_since)
-        if report.hung and memory is not None:
-            verdict.note_hung_since(report, {unit: state.broken_since
-                                                    for unit, state in memory.units.items()})
-        if memory is not None and memory.last_failure:
-            report.notes.append(f"reconcile: the last heal failed: {memory.last_failure} "
-                                "(its log line has the error lines; scripts/kimipd logs)")
-        return report
-
-    if not args.watch:
-        report = once()
-        prober.close()
-        if args.json:
-            print(json.dumps(report.as_json(), indent=2))
-        else:
-            out.print(status_render.render(report))
-        return report.exit_code
-    code = DOWN
-    try:
-        if args.json:
-            while True:
-                report = once()
-                print(json.dumps(report.as_json()), flush=True)
-                code = report.exit_code
-                time.sleep(args.interval)
-        with Live(console=out, auto_refresh=False) as live:
-            while True:
-                report = once()
-                live.update(status_render.render(report), refresh=True)
-                code = report.exit_code
-                time.sleep(args.interval)
-    except KeyboardInterrupt:
-        pass
-    return code
-
-
-@contextmanager
-def progress_line(args: argparse.Namespace) -> Iterator[Callable[[str], None]]:
-    """A live line on the terminal (stderr) while a command works, gone when it ends: nothing
-    with --json, or when stderr is not a terminal (a pipe, a file, a CI log)."""
-    if getattr(args, "json", False) or not sys.stderr.isatty():
-        yield lambda message: None
-        return
-    with Console(stderr=True).status("starting", spinner="line") as live:
-        yield live.update
-
-
-def run_logs(args: argparse.Namespace, stack: Stack, transport: Transport) -> int:
-    try:
-        with progress_line(args) as progress:
-            path, index, code = logs_command.collect_bundle(
-                stack.topology, transport, args.out, since=args.since, selectors=args.role,
-                timeout=args.timeout, on_progress=progress)
-    except ValueError as error:
-        print(f"kimipd logs: {error}", file=sys.stderr)
-        return DEGRADED
-    if args.json:
-        print(json.dumps(index | {"bundle": str(path)}, indent=2))
-        return code
-    files = index["files"]
-    size = path.stat().st_size
-    print(f"bundle: {path} ({len(index['containers'])} containers on {len(index['nodes'])} "
-          f"nodes, {sum(1 for f in files if f['status'] != 'absent')} files, "
-          f"{size / 1e6:.2f} MB, {index['seconds']}s)")
-    # One line per tool and outcome, not per node: eight nodes without ibstat is one fact.
-    noted: dict[str, list[str]] = {}
-    for entry in files:
-        if entry["status"] == "absent":
-            noted.setdefault(f"absent: {entry['what']}", []).append(entry["node"])
-        elif entry["status"] == "nonzero":
-            noted.setdefault(f"exit {entry['exit_status']}: {entry['what']} ({entry['error']}; "
-                             "output kept)", []).append(entry["node"])
-    for what, nodes in noted.items():
-        print(f"{what} on {', '.join(nodes)}")
-    failed = [f for f in files if f["status"] == "failed"]
-    for entry in failed:
-        print(f"failed: {entry['path']} ({entry['what']}): {entry['error']}")
-    print(f"{len(failed)} failed; exit {code}")
-    return code
-
-
-def run_verify(args: argparse.Namespace, stack: Stack, transport: Transport) -> int:
-    with progress_line(args) as progress:
-        report = verify_command.run(stack.topology, stack.verification, transport,
-                                    timeout=args.timeout, via=args.via, seed=args.seed,
-                                    only=args.only, api_key=stack.router_api_key,
-                                    tls=status_command.door_tls(stack), on_progress=progress)
-    if args.json:
-        print(json.dumps(report.as_json(), indent=2))
-    else:
-        console().print(verify_command.render(report))
-    return report.exit_code
-
-
-def run_orphans(args: argparse.Namespace, stack: Stack, transport: Transport) -> int:
-    try:
-        export = (json.loads(Path(args.state_json).read_text()) if args.state_json
-                  else StackReader(args.stack, args.cwd).export())
-    except (StackError, OSError, json.JSONDecodeError) as error:
-        print(f"kimipd: the stack's state cannot be read: {error}", file=sys.stderr)
-        return DOWN
-    if stack.roles_problem is not None:
-        # Which containers are this stack's is the config's to say (another stack's may share
-        # the nodes): with a config the program would refuse, none is judged, none removed.
-        print("kimipd: orphans judges containers by the roles the stack's config defines, and "
-              f"the config does not validate; fix it first: {stack.roles_problem}",
-              file=sys.stderr)
-        return DOWN
-    known = orphans_command.known_container_ids(export)
-    # The config's nodes too: a killed first `up` leaves no outputs to name them.
-    nodes = sorted({*stack.access.nodes, *stack.topology.nodes})
-    scanned = orphans_command.scan(nodes, transport, args.timeout)
-    findings = orphans_command.find_orphans(scanned.containers, known, stack.roles)
-    failures = (orphans_command.remove(findings, transport, args.timeout)
-                if args.remove and findings else {})
-    if args.json:
-        print(json.dumps(orphans_command.as_json(findings, scanned, args.remove, failures),
-                         indent=2))
-    else:
-        if findings:
-            console().print(orphans_command.render(findings, scanned, stack.topology.stack))
-        else:
-            print(f"stack {stack.topology.stack}: no orphans among "
-                  f"{len(scanned.containers)} kimipd container(s) on {len(nodes)} node(s)")
-        for node, error in {**scanned.unreachable, **failures}.items():
-            print(f"{node}: {error}", file=sys.stderr)
-        if findings and args.remove and not failures:
-            print(f"removed {len(findings)} container(s); {orphans_command.NEXT_STEPS}")
-        elif findings and not args.remove:
-            print(f"kimipd orphans --remove removes them; {orphans_command.NEXT_STEPS}")
-    if scanned.unreachable or failures or (findings and not args.remove):
-        return DEGRADED
-    return OK
-
-
-def run_targets(args: argparse.Namespace) -> int:
-    """No SSH and no config: only the stack's outputs."""
-    try:
-        outputs = read_outputs(json.loads(Path(args.outputs_json).read_text())
-                               if args.outputs_json
-                               else StackReader(args.stack, args.cwd).outputs())
-    except (StackError, OutputsError) as error:
-        print(f"kimipd: {error}", file=sys.stderr)
-        return DOWN
-    targets = outputs.prometheus_targets or []
-    partial = args.out.with_name(args.out.name + ".partial")
-    partial.write_text(json.dumps(targets, indent=2) + "\n")
-    partial.replace(args.out)
-    print(f"{args.out}: {sum(len(entry['targets']) for entry in targets)} targets")
-    if not targets:
-        print("kimipd targets: the stack lists none; set kimipd:metrics.enabled true and "
-              "`pulumi up`", file=sys.stderr)
-        return DEGRADED
-    return OK
 
 
 def main(argv: list[str] | None = None,

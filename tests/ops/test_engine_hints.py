@@ -26,8 +26,8 @@ class Refused:
 
 def test_an_empty_checkpoint_attributes_file_is_named_with_its_recovery(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr("ops.cli.StackEngine", lambda stack, cwd: None)
-    monkeypatch.setattr("ops.cli.OutUpdate", Refused)
+    monkeypatch.setattr("ops.engine_cli.StackEngine", lambda stack, cwd: None)
+    monkeypatch.setattr("ops.engine_cli.OutUpdate", Refused)
     assert main(["-s", "sim", "up", "--yes"]) == DOWN
     error = capsys.readouterr().err
     assert "failed to load checkpoint: EOF" in error

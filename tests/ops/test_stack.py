@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from components.config import VerificationSpec, load_cluster_config
 from ops import DEGRADED, DOWN, OK, USAGE
-from ops.cli import progress_line
+from ops.terminal import progress_line
 from ops.remote import RemoteError, SshTransport, load_private_key
 from ops.stack import StackError, config_values, load_stack
 from ops.topology import Topology

@@ -125,7 +125,7 @@ def test_watch_refreshes_until_interrupted(cluster: LoopbackCluster, tmp_path, c
         if len(rounds) == 2:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr("ops.cli.time.sleep", sleep)
+    monkeypatch.setattr("ops.status_cli.time.sleep", sleep)
     nodes = LocalNodes(cluster.containers())
     argv = ["-s", "loopback", "--outputs-json", str(outputs), "--config-json", str(config),
             "status", "--watch", "--interval", "0.5"]
