@@ -47,10 +47,20 @@ class Workspace(auto.LocalWorkspace):
         run_cli(self, ["stack", "--stack", stack_name])
 
 
-def open_workspace(project_dir: Path, program: Callable[[], None] | None = None) -> Workspace:
+class ReadingWorkspace(Workspace):
+    """For reading alone: no command to find the stack, whose first read says when there is no
+    such stack (a status or a `--watch` pass runs no more pulumi commands than its reads)."""
+
+    def select_stack(self, stack_name: str) -> None:
+        pass
+
+
+def open_workspace(project_dir: Path, program: Callable[[], None] | None = None,
+                   reading: bool = False) -> Workspace:
     if shutil.which("pulumi") is None:
         raise StackError(NO_CLI)
-    return Workspace(work_dir=str(project_dir), program=program)
+    kind = ReadingWorkspace if reading else Workspace
+    return kind(work_dir=str(project_dir), program=program)
 
 
 def select(workspace: Workspace, stack: str | None) -> auto.Stack:
@@ -72,7 +82,7 @@ class StackReader:
     the connection) and state, read through the Automation API; no program runs."""
 
     def __init__(self, stack: str | None, project_dir: Path) -> None:
-        self.stack = select(open_workspace(project_dir), stack)
+        self.stack = select(open_workspace(project_dir, reading=True), stack)
 
     @property
     def name(self) -> str:

@@ -21,6 +21,7 @@ import pytest
 import yaml
 from pulumi import automation as auto
 
+from ops.heal_policy import REFUSED
 from sim.automation import Project
 from tests.integration.engine import (  # noqa: F401 - fixtures
     SMALL_ROUTER, assert_replaced_only, container_ids, env, kimipd, new_stack, project, settled_status,
@@ -125,7 +126,7 @@ def test_a_dry_run_and_a_recent_update_change_nothing_then_one_pass_heals(
         # the state, and only reconcile's own retry may apply that pending create.
         code, line = reconcile_once(project, STACK, tmp_path, "--grace-seconds", "0",
                                     "--human-window-minutes", "0", "--backoff-seconds", "0")
-        assert (code, line["decision"], line["units"]) == (1, "heal-failed", [GROUP]), line
+        assert (code, line["decision"], line["units"]) == (REFUSED, "heal-failed", [GROUP]), line
         assert any(failure["error"].startswith("policy kimipd-nccl-off-management (mandatory)")
                    for failure in line.get("failures", [])), line
     finally:

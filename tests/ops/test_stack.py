@@ -97,8 +97,7 @@ def test_reads_outputs_config_and_the_key_through_the_automation_api(fake_pulumi
     assert all(line.startswith(f"{fake_pulumi}|")
                for line in (fake_pulumi / "calls").read_text().splitlines()
                if not line.endswith("|version"))
-    assert calls(fake_pulumi) == ["stack --stack pro6000",
-                                  "stack output --json --stack pro6000",
+    assert calls(fake_pulumi) == ["stack output --json --stack pro6000",
                                   "stack output --json --show-secrets --stack pro6000",
                                   "config --show-secrets --json --stack pro6000"]
     assert stack.topology.generate_url == "http://10.0.0.1:31000/generate"
@@ -118,7 +117,7 @@ def test_reads_outputs_config_and_the_key_through_the_automation_api(fake_pulumi
 def test_without_a_stack_name_the_selected_one_is_read(fake_pulumi: Path) -> None:
     stack = load_stack(None, cwd=fake_pulumi)
     assert stack.topology.stack == "selected"
-    assert calls(fake_pulumi)[:2] == ["stack ls --json", "stack --stack selected"]
+    assert calls(fake_pulumi)[:2] == ["stack ls --json", "stack output --json --stack selected"]
 
 
 def test_no_key_secret_means_ssh_agent(fake_pulumi: Path) -> None:
