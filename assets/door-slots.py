@@ -33,8 +33,8 @@ import time
 # No __pycache__ beside the scripts on the node.
 sys.dont_write_bytecode = True
 from router_api import (  # noqa: E402
-    Door, Router, State, common_arguments, fail, log, rank0_answers, register_missing,
-    wait_idle, wait_until)
+    Door, Router, State, check_stop, common_arguments, fail, log, rank0_answers,
+    register_missing, wait_idle, wait_until, watch_for_stop)
 
 SLOT_LEASE = "slot"
 
@@ -88,6 +88,7 @@ def slot_drain(args, state: State) -> int:
         if waiting_for != last_said or elapsed - said_at >= 30:
             log(f"{me}: waiting: {waiting_for}")
             last_said, said_at = waiting_for, elapsed
+        check_stop(f"waiting: {waiting_for}")
         time.sleep(args.interval)
     wait_drained(args, door, me)
     return 0
@@ -207,7 +208,8 @@ def main() -> int:
         if len(args.router) != 1:
             parser.error("door-admit needs the slot's own --router")
         return door_admit(args, Router(args.router[0], None))
-    state = State(args.state_dir)
+    state = State(args.state_dir, step=f"door-slots {args.action} slot-{args.slot}")
+    watch_for_stop(state)
     if args.action == "want":
         state.mark(state.slot_marker(args.slot), "serving")
         return 0

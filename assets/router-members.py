@@ -51,7 +51,6 @@ the slot's own /readiness (docs/decisions.md).
 from __future__ import annotations
 
 import argparse
-import os
 import json
 import sys
 import time
@@ -61,13 +60,21 @@ import urllib.request
 # No __pycache__ beside the scripts on the node.
 sys.dont_write_bytecode = True
 from router_api import (  # noqa: E402
-    STUCK_SECONDS, Door, Router, State, common_arguments, fail, log, rank0_answers, rank0_healthy,
-    rank0_refuses, register, register_missing, registered, routers_said, wait_idle, wait_until)
+    STUCK_SECONDS, Door, Router, State, check_stop, common_arguments, fail, log, rank0_answers,
+    one_contract, rank0_healthy, rank0_refuses, register, register_missing, registered,
+    routers_said, wait_idle, wait_until, watch_for_stop, whole)
 
 
 def healthy_peers(workers: list[dict], mode: str, url: str) -> list[str]:
     return [w["url"] for w in workers
             if w.get("worker_type") == mode and w.get("url") != url and w.get("is_healthy")]
+
+
+def serves_pairs(workers: list[dict]) -> bool:
+    """Whether a router has a healthy prefill and decode: one without serves no request, so a
+    group leaving it leaves nothing unserved there."""
+    return {w.get("worker_type") for w in workers if w.get("is_healthy")} >= {"prefill",
+                                                                             "decode"}
 
 
 def serving_nowhere(live: list[tuple[Router, list[dict]]], url: str) -> str | None:
@@ -170,9 +177,12 @@ def convert(args, router: Router, others: list[dict], door: Door | None, state: 
             contract: str, url: str) -> None:
     """ROUTER emptied of the groups of another contract (OTHERS), behind the door once it is
     drained there, then given every group of CONTRACT admitted so far."""
+    name = router.slot or router.url
+    with state.locked():
+        # Before anything leaves it: from here every restore gives it CONTRACT's groups only.
+        state.serve_contract(name, contract, converting=door is not None and router.slot
+                             is not None)
     if door is not None and router.slot is not None:
-        with state.locked():
-            state.mark(state.converting_marker(router.slot), contract)
         status = door_status(door, router) or ""
         if status != "MAINT":
             door.set_state(router.slot, "drain")
@@ -208,7 +218,7 @@ def reopen(args, routers: list[Router], door: Door | None, state: State) -> None
     if door is None:
         return
     for router in routers:
-        if router.slot is None or not os.path.exists(state.converting_marker(router.slot)):
+        if router.slot is None or state.converting(router.slot) is None:
             continue
         workers = router.workers()
         if workers is None:
@@ -216,7 +226,7 @@ def reopen(args, routers: list[Router], door: Door | None, state: State) -> None
         by_url = state.contracts_by_url()
         modes = {w.get("worker_type") for w in workers if w.get("is_healthy")}
         contracts = {by_url.get(w.get("url") or "") for w in workers} - {None}
-        if not {"prefill", "decode"} <= modes or len(contracts) > 1:
+        if not {"prefill", "decode"} <= modes or contracts != {state.converting(router.slot)}:
             continue
         door.set_state(router.slot, "ready")
         wait_until(lambda r=router: None if (door_status(door, r) or "").startswith("UP")
@@ -227,13 +237,28 @@ def reopen(args, routers: list[Router], door: Door | None, state: State) -> None
                                                   f"{elapsed:.0f}s ({why})",
                    say=lambda _: None)
         with state.locked():
-            state.unmark(state.converting_marker(router.slot))
+            state.serve_contract(router.slot, next(iter(contracts)))
         log(f"{router.slot}: up at the door again, serving contract "
             f"{', '.join(sorted(contracts)) or '(none recorded)'}")
 
 
+def standby_contract(state: State, group: str, key: str) -> str | None:
+    """A contract other than GROUP's whose groups that should serve (none out for its
+    replacement) have a prefill and a decode, each answering /health, registered nowhere
+    yet: the one a rollout reverted midway goes back to. None when there is none."""
+    mine = state.contract(group)
+    out = state.out_for_replacement()
+    contracts = state.contracts()
+    modes = {g: fields[0] for g, fields in state.members().items()
+             if g != group and out.get(fields[0]) != g and fields[1]
+             and contracts[g] != mine and rank0_healthy(fields[1], key)}
+    choice = one_contract(modes, contracts, state.target_contract())
+    return choice if choice is not None and whole(choice, modes, contracts) else None
+
+
 def drain(args, routers: list[Router], state: State) -> int:
     group, mode, url = args.group, args.mode, args.url
+    door = Door(args.door_socket) if getattr(args, "door_socket", None) else None
     desired = state.desired()
     peers_desired = sorted(g for g, m in desired.items() if m == mode and g != group)
     rolling = args.rollout == "one-group-at-a-time" and group in desired and peers_desired
@@ -256,6 +281,7 @@ def drain(args, routers: list[Router], state: State) -> int:
                 return 0
             held = state.lease(mode)
             waiting_for, holder_out = None, False
+            handover_to = None
             if rolling and not live:
                 # Being replaced itself: the new one gets the serving groups (restore) first.
                 waiting_for = "no router answers GET /workers (being replaced?)"
@@ -270,7 +296,7 @@ def drain(args, routers: list[Router], state: State) -> int:
                 # mode; one that serves another contract only (the rollout of a new one has
                 # moved it on) is none of this group's business.
                 lonely = [router.url for router, workers in live
-                          if not healthy_peers(workers, mode, url)
+                          if serves_pairs(workers) and not healthy_peers(workers, mode, url)
                           and not moved_on(workers, state, group, url)]
                 if holder_out:
                     waiting_for = (f"{held[0]} holds the {mode} rollout lease (drained "
@@ -279,6 +305,12 @@ def drain(args, routers: list[Router], state: State) -> int:
                 elif lonely:
                     waiting_for = (f"no other {mode} group is registered and healthy in "
                                    f"{', '.join(lonely)} ({', '.join(peers_desired)} should be)")
+                    standby = standby_contract(state, group, routers[0].key)
+                    handover = next(((router, workers) for router, workers in live
+                                     if router.url in lonely
+                                     and conversion_refused(door, router) is None), None)
+                    if standby is not None and handover is not None:
+                        handover_to = (handover[0], handover[1], standby)
                 else:
                     state.take_lease(mode, group)
             if waiting_for is None:
@@ -292,6 +324,18 @@ def drain(args, routers: list[Router], state: State) -> int:
                 log(f"{group}: removed {removed} registration(s) of {url} from "
                     f"{routers_said(len(live))} ({how})")
                 break
+        if handover_to is not None:
+            # A rollout reverted or taken back midway: this group is the last of its mode in a
+            # slot, and another contract has a whole, healthy pair that serves nowhere. The
+            # slot takes that one (out at the door first, while another slot serves), so this
+            # group leaves no slot without a pair.
+            router, workers, standby = handover_to
+            log(f"{group}: the last {mode} group of its contract in {router.slot or router.url};"
+                f" contract {standby} has a whole pair serving nowhere: that slot takes it")
+            convert(args, router, foreign(workers, state.contracts_by_url(), standby, ""), door,
+                    state, standby, "")
+            reopen(args, routers, door, state)
+            continue
         now = time.monotonic()
         elapsed = now - start
         reason = waiting_for.split(" (")[0]
@@ -312,6 +356,7 @@ def drain(args, routers: list[Router], state: State) -> int:
         if reason != last_said or elapsed - said_at >= 30:
             log(f"{group}: waiting: {waiting_for}")
             last_said, said_at = reason, elapsed
+        check_stop(f"waiting: {waiting_for}")
         time.sleep(args.interval)
     # In-flight requests: the routers send nothing new, the worker finishes what it has.
     key = routers[0].key
@@ -330,6 +375,28 @@ def drain(args, routers: list[Router], state: State) -> int:
     return 0
 
 
+
+
+def register_if_one_contract(router: Router, state: State, group: str, url: str, mode: str,
+                             bootstrap: int | None) -> bool:
+    """GROUP registered with ROUTER unless the router holds a group of another contract now
+    (read again under the state lock, under which every restore registers too) or is out at the
+    door to take another one; whether it was."""
+    name = router.slot or router.url
+    with state.locked():
+        mine = state.contract(group)
+        taking = state.converting(name)
+        others = foreign(router.workers() or [], state.contracts_by_url(), mine, url)
+        if others or (taking is not None and taking != mine):
+            log(f"{group}: not registered with {name}: it "
+                + (f"is out at the door to take contract {taking}" if not others else
+                   f"holds {', '.join(sorted(w.get('url') or '' for w in others))} of "
+                   "another contract"))
+            return False
+        register(router, group, url, mode, bootstrap)
+        if taking is None and state.slot_contract(name) != mine:
+            state.serve_contract(name, mine)
+    return True
 
 
 def admit(args, routers: list[Router], state: State) -> int:
@@ -367,7 +434,10 @@ def admit(args, routers: list[Router], state: State) -> int:
             by_url = state.contracts_by_url()
             for router, workers in live:
                 others = foreign(workers, by_url, contract, url)
-                if not others:
+                # Out at the door to take another contract (a rollout reverted midway): it
+                # serves nothing, and takes this one instead.
+                if not others and state.converting(router.slot or router.url) in (None,
+                                                                                   contract):
                     continue
                 refused = conversion_refused(door, router)
                 if refused is None:
@@ -386,8 +456,9 @@ def admit(args, routers: list[Router], state: State) -> int:
                 return None
         for router, _ in eligible:
             if not mine[router.url] and router.url not in posted:
-                register(router, group, url, mode, args.bootstrap_port)
-                posted.add(router.url)
+                if register_if_one_contract(router, state, group, url, mode,
+                                            args.bootstrap_port):
+                    posted.add(router.url)
         if live and not eligible:
             return "; ".join(held_back.values())
         if eligible and awaited and all(mine.values()):
@@ -457,7 +528,7 @@ def ready(args, routers: list[Router]) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(prog="router-members.py")
     parser.add_argument("action", choices=["want", "unwant", "drain", "admit", "ready",
-                                           "restore"])
+                                           "restore", "stop"])
     common_arguments(parser)
     parser.add_argument("--group")
     parser.add_argument("--mode", choices=["prefill", "decode"])
@@ -475,7 +546,15 @@ def main() -> int:
     args = parser.parse_args()
     if args.slot and len(args.slot) != len(args.router):
         parser.error("--slot names each --router: give as many of each")
-    state = State(args.state_dir)
+    state = State(args.state_dir, step=" ".join(
+        ["router-members", args.action] + ([args.group] if args.group else [])))
+    watch_for_stop(state)
+    if args.action == "stop":
+        with state.locked():
+            state.request_stop()
+        log(f"stop asked: the waits of every update's node script running now end "
+            f"(phase {state.phase()})")
+        return 0
     if args.action == "want":
         bootstrap = "-" if args.bootstrap_port is None else str(args.bootstrap_port)
         state.mark(state.marker(args.group), f"{args.mode} {args.url} {bootstrap}")

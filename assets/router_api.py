@@ -15,6 +15,9 @@ import urllib.parse
 import urllib.request
 from contextlib import contextmanager
 
+import rollout_state
+from rollout_state import UNRECORDED
+
 # The script's own name (router-members, door-slots) starts every line it writes and every error.
 PROGRAM = os.path.splitext(os.path.basename(sys.argv[0]))[0] or "router-members"
 
@@ -27,12 +30,32 @@ def fail(message: str) -> SystemExit:
     return SystemExit(f"{PROGRAM}: {message}")
 
 
+# The state whose record an operator's stop is read from (`watch_for_stop`): every wait below
+# ends at once when one is asked for after this script started.
+_STOP_STATE: list = []
+
+
+def watch_for_stop(state) -> None:
+    _STOP_STATE[:] = [state]
+
+
+def check_stop(waiting: str) -> None:
+    """Ends this script (an error, so the step fails and the engine ends the update) when an
+    operator asked the update to stop: kimipd up's Ctrl-C, `kimipd rollout stop`."""
+    if _STOP_STATE and _STOP_STATE[0].stopped():
+        raise fail(f"stopped by the operator while {waiting}; the rollout is at phase "
+                   f"{_STOP_STATE[0].phase()} (`kimipd rollout` shows it): the next `kimipd up` "
+                   "goes on from here, or back with the old config")
+
+
 def wait_until(problem, timeout: float, interval: float, failure, say=None) -> float:
     """Poll PROBLEM() (why not yet, or None) until it is None; SAY(why) once per new reason
     (default: log it); FAILURE(why, elapsed) is the error after TIMEOUT. Seconds waited."""
     start, last = time.monotonic(), ""
     while True:
         why = problem()
+        if why is not None:
+            check_stop(f"waiting: {why}")
         elapsed = time.monotonic() - start
         if why is None:
             return elapsed
@@ -63,6 +86,7 @@ def wait_idle(count, drain_timeout: float, interval: float, idle, still_open,
         if not current:
             log(idle(current))
             return
+        check_stop(f"draining ({current} request(s) open)")
         if stuck is not None:
             if stuck():
                 stuck_since = stuck_since or time.monotonic()
@@ -172,11 +196,18 @@ class Door:
 
 
 class State:
-    """Markers (who should serve) and leases (who is out for its replacement) in the router's
-    state directory, under one file lock."""
+    """Markers (which groups and slots should serve) in the router's state directory, and the
+    rollout's one record beside them (rollout_state.py), under one file lock: every write of
+    the record happens with the lock held."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, step: str = "") -> None:
         self.directory = directory
+        # Which action of which script writes the record (kept in it: `kimipd status` says it).
+        self.step = step or PROGRAM
+        self._held = False
+        # An operator's stop (kimipd up's Ctrl-C) ends the waits of the scripts that were
+        # already running then, not those of a later update.
+        self.started = time.time()
         os.makedirs(os.path.join(directory, "desired"), mode=0o700, exist_ok=True)
 
     def marker(self, group: str) -> str:
@@ -208,84 +239,103 @@ class State:
         """group -> mode of every group that should serve."""
         return {name: fields[0] for name, fields in self.members().items()}
 
-    def lease_path(self, mode: str) -> str:
-        return os.path.join(self.directory, f"lease-{mode}")
+    # --- the record -------------------------------------------------------------------------
 
+    def record(self) -> dict:
+        return rollout_state.load(self.directory)
+
+    def _write(self, change) -> None:
+        if not self._held:
+            raise RuntimeError("the rollout record is written only under the state lock")
+        record = self.record()
+        change(record)
+        rollout_state.save(self.directory, record, self.step, sorted(self.members()))
+
+    def phase(self) -> str:
+        return rollout_state.phase_of(self.record(), sorted(self.members()))
+
+    # The rollout's leases: a group of MODE (or, for "slot", a door slot) out for its
+    # replacement, and since when.
     def lease(self, mode: str) -> tuple[str, float] | None:
-        try:
-            with open(self.lease_path(mode), encoding="utf-8") as stream:
-                holder, since = stream.read().split()
-            return holder, float(since)
-        except (OSError, ValueError):
-            return None
+        held = self.record()["leases"].get(mode)
+        return (held[0], float(held[1])) if held else None
 
     def take_lease(self, mode: str, holder: str) -> None:
         # Taken again by its holder (a replacement that failed, tried again): a new start.
-        with open(self.lease_path(mode) + ".new", "w", encoding="utf-8") as stream:
-            stream.write(f"{holder} {time.time()}\n")
-        os.replace(self.lease_path(mode) + ".new", self.lease_path(mode))
+        self._write(lambda record: record["leases"].__setitem__(mode, [holder, time.time()]))
 
     def give_back(self, mode: str, holder: str) -> bool:
         held = self.lease(mode)
         if held and held[0] == holder:
-            os.remove(self.lease_path(mode))
+            self._write(lambda record: record["leases"].pop(mode, None))
             return True
         return False
-
-    # The serving contract (components/render/contract.py) each group's running containers
-    # were admitted with: one router must never hold a prefill and a decode of two contracts.
-    def contract_path(self, group: str) -> str:
-        return os.path.join(self.directory, "contract", group)
-
-    def contract(self, group: str) -> str | None:
-        try:
-            with open(self.contract_path(group), encoding="utf-8") as stream:
-                return stream.read().strip() or None
-        except OSError:
-            return None
-
-    def record_contract(self, group: str, digest: str) -> None:
-        os.makedirs(os.path.dirname(self.contract_path(group)), mode=0o700, exist_ok=True)
-        self.mark(self.contract_path(group), digest)
-
-    def contracts(self) -> dict[str, str | None]:
-        """group -> its recorded contract (None: admitted before contracts were recorded) of
-        every group that should serve."""
-        return {group: self.contract(group) for group in self.members()}
-
-    def contracts_by_url(self) -> dict[str, str]:
-        """rank 0's URL -> its group's contract, where one is recorded."""
-        return {fields[1]: contract for group, fields in self.members().items()
-                if (contract := self.contract(group)) is not None}
-
-    def target_contract(self) -> str | None:
-        """The contract admitted last: during a rollout of a new one, the new one."""
-        folder = os.path.join(self.directory, "contract")
-        try:
-            names = os.listdir(folder)
-        except OSError:
-            return None
-        newest = max(names, default=None,
-                     key=lambda name: os.stat(os.path.join(folder, name)).st_mtime_ns)
-        return self.contract(newest) if newest is not None else None
-
-    def converting_marker(self, slot: str) -> str:
-        """Slot SLOT was taken out at the door to change its contract: set ready again once it
-        holds a prefill and a decode of one contract."""
-        return os.path.join(self.directory, f"converting-{slot}")
 
     def out_for_replacement(self) -> dict[str, str]:
         """mode -> the group holding its rollout lease (drained, being replaced)."""
         return {mode: held[0] for mode in ("prefill", "decode")
                 if (held := self.lease(mode)) is not None}
 
+    # The serving contract (components/render/contract.py) each group's running containers
+    # were admitted with: one router must never hold a prefill and a decode of two contracts.
+    def contract(self, group: str) -> str:
+        return self.record()["groups"].get(group) or UNRECORDED
+
+    def record_contract(self, group: str, digest: str) -> None:
+        def change(record: dict) -> None:
+            record["groups"][group] = digest
+            record["target"] = digest
+        self._write(change)
+
+    def contracts(self) -> dict[str, str]:
+        """group -> its contract (UNRECORDED: admitted before contracts were recorded) of every
+        group that should serve."""
+        groups = self.record()["groups"]
+        return {group: groups.get(group) or UNRECORDED for group in self.members()}
+
+    def contracts_by_url(self) -> dict[str, str]:
+        """rank 0's URL -> its group's contract, of every group that should serve."""
+        groups = self.record()["groups"]
+        return {fields[1]: groups.get(group) or UNRECORDED
+                for group, fields in self.members().items() if fields[1]}
+
+    def target_contract(self) -> str | None:
+        """The contract admitted last: during a rollout of a new one, the new one."""
+        return self.record()["target"]
+
+    # Each slot's contract: the one whose groups it holds, and whether it is out at
+    # router.node's door to take the target's (set ready again once it holds a prefill and a
+    # decode of it).
+    def slot_contract(self, slot: str) -> str | None:
+        return (self.record()["slots"].get(slot) or {}).get("contract")
+
+    def converting(self, slot: str) -> str | None:
+        """The contract slot SLOT is out at the door to take, or None."""
+        entry = self.record()["slots"].get(slot) or {}
+        return entry.get("contract") if entry.get("converting") else None
+
+    def serve_contract(self, slot: str, contract: str, converting: bool = False) -> None:
+        self._write(lambda record: record["slots"].__setitem__(
+            slot, {"contract": contract, "converting": converting}))
+
+    # An operator's stop: the node scripts' waits end at once (kimipd up's Ctrl-C).
+    def request_stop(self) -> None:
+        self._write(lambda record: record.__setitem__("stop", time.time()))
+
+    def stopped(self) -> bool:
+        """Whether an operator asked, after this script started, for the update to stop."""
+        stop = self.record().get("stop")
+        return bool(stop and stop >= self.started)
+
     @contextmanager
     def locked(self):
         with open(os.path.join(self.directory, "lock"), "w", encoding="utf-8") as stream:
             fcntl.flock(stream, fcntl.LOCK_EX)
+            self._held = True
             try:
                 yield
             finally:
+                self._held = False
                 fcntl.flock(stream, fcntl.LOCK_UN)
 
 
@@ -305,38 +355,71 @@ def register(router: Router, group: str, url: str, mode: str, bootstrap: int | N
                    f"{answer}")
 
 
-def one_contract(modes: dict[str, str], contracts: dict[str, str | None],
-                 target: str | None) -> set[str]:
-    """Of the groups MODES names (group -> mode), those one router may hold at once: the groups
-    of one contract, and those with none recorded (admitted before contracts were). The target
-    (the contract admitted last) where its groups have a prefill and a decode, else a contract
-    whose groups do (the one still serving while the target's first groups load)."""
-    known = sorted({contract for contract in contracts.values() if contract})
-    if len(known) <= 1:
-        return set(modes)
+def whole(contract: str, modes: dict[str, str], contracts: dict[str, str]) -> bool:
+    """Whether the groups MODES names (group -> mode) have a prefill and a decode of CONTRACT."""
+    return {mode for group, mode in modes.items()
+            if contracts[group] == contract} >= {"prefill", "decode"}
 
-    def whole(contract: str) -> bool:
-        return {modes[group] for group in modes
-                if contracts.get(group) == contract} >= {"prefill", "decode"}
 
+def one_contract(modes: dict[str, str], contracts: dict[str, str],
+                 target: str | None) -> str | None:
+    """Of the contracts of the groups MODES names (group -> mode), the one an empty router
+    takes: the target (the contract admitted last) where its groups have a prefill and a
+    decode, else one whose groups do (the one still serving while the target's first groups
+    load), else the target. None: no group."""
+    known = sorted({contracts[group] for group in modes})
     ranked = ([target] if target in known else []) + [c for c in known if c != target]
-    chosen = next((contract for contract in ranked if whole(contract)), ranked[0])
-    return {group for group in modes if contracts.get(group) in (None, chosen)}
+    return next((c for c in ranked if whole(c, modes, contracts)),
+                ranked[0] if ranked else None)
+
+
+def slot_serves(held: set[str], converting: str | None, recorded: str | None,
+                modes: dict[str, str], contracts: dict[str, str],
+                target: str | None) -> str | None:
+    """The one contract a router (slot) may hold: the one it is out at the door to take; else
+    the one it holds (of two, its recorded one, else the target: the other is removed); an
+    empty one takes its recorded contract while that is whole among MODES (the groups it may
+    get), else `one_contract`'s."""
+    if converting:
+        return converting
+    if len(held) == 1:
+        return next(iter(held))
+    if held:
+        return recorded if recorded in held else target if target in held else min(held)
+    if recorded is not None and whole(recorded, modes, contracts):
+        return recorded
+    return one_contract(modes, contracts, target)
 
 
 def register_missing(router: Router, state: State, quiet: bool = False) -> list[str]:
-    """Every group that should serve and is not out for its replacement, registered with ROUTER
-    if it is not yet (under the state lock), of one contract (`one_contract`); the URLs that
-    should be there."""
+    """Every group that should serve, is not out for its replacement and runs the contract
+    this router serves (`slot_serves`), registered with ROUTER if it is not yet (under the
+    state lock, as every registration is): a group of another contract is never added, and
+    one found beside the slot's own contract is removed. The URLs that should be there."""
     expected = []
+    name = router.slot or router.url
     with state.locked():
         out = state.out_for_replacement()
-        registered_urls = {w.get("url") for w in router.workers() or []}
+        workers = router.workers() or []
         members = state.members()
+        contracts = state.contracts()
+        by_url = state.contracts_by_url()
+        held = {by_url[w.get("url")] for w in workers if w.get("url") in by_url}
         candidates = {group: fields[0] for group, fields in members.items()
                       if out.get(fields[0]) != group and fields[1]}
-        contracts = state.contracts()
-        chosen = one_contract(candidates, contracts, state.target_contract())
+        serves = slot_serves(held, state.converting(name), state.slot_contract(name),
+                             candidates, contracts, state.target_contract())
+        if serves is None:
+            return expected
+        if state.slot_contract(name) != serves and state.converting(name) is None:
+            state.serve_contract(name, serves)
+        for worker in workers:
+            if by_url.get(worker.get("url") or "") not in (None, serves):
+                status, body = router.call("DELETE", f"/workers/{worker.get('id')}")
+                log(f"{name}: held {worker.get('url')} of contract "
+                    f"{by_url[worker.get('url')]} beside contract {serves}: removed "
+                    f"(HTTP {status} {body or ''})".rstrip())
+        registered_urls = {w.get("url") for w in workers}
         for group, (mode, url, bootstrap) in sorted(members.items()):
             if out.get(mode) == group:
                 if not quiet:
@@ -345,9 +428,9 @@ def register_missing(router: Router, state: State, quiet: bool = False) -> list[
                 continue
             if not url:
                 continue
-            if group not in chosen:
+            if contracts[group] != serves:
                 if not quiet:
-                    log(f"{group}: runs contract {contracts.get(group)}, not this router's: "
+                    log(f"{group}: runs contract {contracts[group]}, not {name}'s ({serves}): "
                         "not registered here")
                 continue
             expected.append(url)

@@ -21,8 +21,8 @@ ROUTER_MEMBERS_SCRIPT = f"{NODE_ASSET_DIR}/router-members.py"
 DOOR_SLOTS_SCRIPT = f"{NODE_ASSET_DIR}/door-slots.py"
 VIRTUAL_IP_SCRIPT = f"{NODE_ASSET_DIR}/virtual-ip.sh"
 NODE_SCRIPTS = ("launch.sh", "mooncake-check.py", "wait-healthy.sh", "smoke-test.sh",
-                "prepare-image.sh", "router-launch.py", "router_api.py", "router-members.py",
-                "door-slots.py", "virtual-ip.sh")
+                "prepare-image.sh", "router-launch.py", "router_api.py", "rollout_state.py",
+                "router-members.py", "door-slots.py", "virtual-ip.sh")
 PREPARE_IMAGE_SCRIPT = f"{NODE_ASSET_DIR}/prepare-image.sh"
 
 MOONCAKE_MASTER = "mooncake-master"

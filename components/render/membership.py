@@ -65,9 +65,11 @@ def unwant_command(cfg: ClusterConfig, group_name: str) -> str:
 def drain_command(cfg: ClusterConfig, group_name: str) -> str:
     # The lease wait is bounded by the gate timeout: a group whose replacement holds the lease
     # longer than that has failed its gate.
+    # With the door: a rollout reverted midway may hand this group's slot to the contract that
+    # has a whole pair serving nowhere, out at router.node's door first (router-members.py).
     return _members(cfg, "drain", *_group_args(cfg, group_name),
                     "--rollout", cfg.rollout,
-                    "--drain-timeout", str(cfg.router.drain_timeout_seconds))
+                    "--drain-timeout", str(cfg.router.drain_timeout_seconds), door=True)
 
 
 def _bootstrap(cfg: ClusterConfig, group_name: str) -> list[str]:

@@ -151,8 +151,8 @@ def test_each_door_must_bind_every_address_for_the_virtual_ip(pro6000: dict) -> 
 
 
 def test_the_scripts_on_router_node_reach_slot_b_at_its_node(cfg: ClusterConfig) -> None:
-    assert "--router http://127.0.0.1:31001 --router http://174.1.60.6:31002" in drain_command(
-        cfg, next(iter(cfg.groups)))
+    assert ("--router http://127.0.0.1:31001 --slot slot-a --router http://174.1.60.6:31002 "
+            "--slot slot-b") in drain_command(cfg, next(iter(cfg.groups)))
     assert "--router http://174.1.60.6:31002" in restore_command(cfg, "b")
     assert "--router http://174.1.60.6:31002" in slot_admit_command(cfg, "b")
     assert "--router" not in slot_drain_command(cfg, "b")

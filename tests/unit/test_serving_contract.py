@@ -96,18 +96,43 @@ def test_each_decode_waits_for_its_half_of_the_prefill_groups(
     assert {p for partners in pairs.values() for p in partners} == set(prefill)
 
 
-def test_one_router_gets_the_groups_of_one_contract() -> None:
+def test_an_empty_router_takes_one_whole_contract() -> None:
     api = asset_script("router_api.py")
     modes = {"p1": "prefill", "p2": "prefill", "d1": "decode", "d2": "decode"}
-    # Before a rollout, or groups admitted before contracts were recorded: all of them.
-    assert api.one_contract(modes, {g: "c0" for g in modes}, "c0") == set(modes)
-    assert api.one_contract(modes, {g: None for g in modes}, None) == set(modes)
+    assert api.one_contract(modes, {g: "c0" for g in modes}, "c0") == "c0"
+    # Groups admitted before contracts were recorded run one of their own.
+    unrecorded = {g: api.UNRECORDED for g in modes}
+    assert api.one_contract(modes, unrecorded, None) == api.UNRECORDED
     # The new contract has a prefill only: the old one, which still has both modes, serves.
     halfway = {"p1": "c0", "p2": "c1", "d1": "c0", "d2": "c0"}
-    assert api.one_contract(modes, halfway, "c1") == {"p1", "d1", "d2"}
+    assert api.one_contract(modes, halfway, "c1") == "c0"
     # The new one has both modes: it is the one.
     paired = {"p1": "c0", "p2": "c1", "d1": "c0", "d2": "c1"}
-    assert api.one_contract(modes, paired, "c1") == {"p2", "d2"}
+    assert api.one_contract(modes, paired, "c1") == "c1"
+    # The first change after an upgrade: the unrecorded groups are not the new contract's.
+    upgraded = {"p1": api.UNRECORDED, "p2": "c1", "d1": api.UNRECORDED, "d2": api.UNRECORDED}
+    assert api.one_contract(modes, upgraded, "c1") == api.UNRECORDED
+
+
+@pytest.mark.parametrize("held, converting, recorded, contracts, expected", [
+    # A slot out at the door to take c1 takes c1 only, whatever else it is told.
+    (set(), "c1", "c0", {"p1": "c0", "p2": "c1", "d1": "c0", "d2": "c0"}, "c1"),
+    ({"c1"}, "c1", "c1", {"p1": "c0", "p2": "c1", "d1": "c0", "d2": "c0"}, "c1"),
+    # It holds c1's prefill only: c1 still, never completed with c0's groups (issue 50).
+    ({"c1"}, None, "c1", {"p1": "c0", "p2": "c1", "d1": "c0", "d2": "c0"}, "c1"),
+    # Found holding two: its recorded one stays, the other is removed.
+    ({"c0", "c1"}, None, "c0", {"p1": "c0", "p2": "c1", "d1": "c0", "d2": "c0"}, "c0"),
+    # Empty (a new router): its recorded contract while that is whole, else the whole one.
+    (set(), None, "c0", {"p1": "c0", "p2": "c1", "d1": "c0", "d2": "c1"}, "c0"),
+    (set(), None, "c0", {"p1": "c1", "p2": "c1", "d1": "c0", "d2": "c1"}, "c1"),
+    (set(), None, None, {"p1": "c0", "p2": "c1", "d1": "c0", "d2": "c0"}, "c0"),
+])
+def test_a_slot_serves_one_contract(held: set[str], converting: str | None,
+                                    recorded: str | None, contracts: dict[str, str],
+                                    expected: str) -> None:
+    api = asset_script("router_api.py")
+    modes = {"p1": "prefill", "p2": "prefill", "d1": "decode", "d2": "decode"}
+    assert api.slot_serves(held, converting, recorded, modes, contracts, "c1") == expected
 
 
 # --- the rollout, against routers and a door that keep their state in memory ---------------
