@@ -40,6 +40,7 @@ from .render import (
     slot_url,
 )
 from .render.keepalived import virtual_ip_interface
+from .render.layout import router_state_dir
 
 # The outputs' shape; bump it with any change a reader must know of.
 OUTPUTS_VERSION = 1
@@ -147,6 +148,8 @@ class DoorOutput(_Output):
     nodes: dict[str, DoorNodeOutput] | None = None
     nodes_out: list[str] | None = None
     virtual_ip: VirtualIpOutput | None = None
+    # On `node`: the rollout's record (rollout.json) and the router's state (rust router).
+    state_dir: str | None = None
 
 
 class StackOutputs(_Output):
@@ -258,7 +261,8 @@ def door_output(cfg: ClusterConfig) -> DoorOutput | None:
     output = DoorOutput(url=door_url(cfg), tls=door.tls is not None, node=node,
                         metrics_url=f"http://{node}:{door.metrics_port}/metrics",
                         admin_socket=door_admin_socket(cfg), container=door_plan(cfg).name,
-                        slots=slots)
+                        slots=slots,
+                        state_dir=router_state_dir(cfg) if cfg.router.kind == "rust" else None)
     if vip is None:
         return output
     nodes = {

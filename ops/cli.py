@@ -18,6 +18,7 @@ from .engine_cli import run_engine
 from .logs_cli import run_logs
 from .orphans_cli import run_orphans
 from .probe import VIA_CHOICES
+from .rollout_cli import run_rollout
 from .remote import RemoteError, SshTransport, Transport
 from .stack import Access, StackError, load_stack
 from .status_cli import run_status
@@ -147,6 +148,22 @@ def build_parser() -> argparse.ArgumentParser:
     orphans.add_argument("--timeout", type=_positive, default=30.0, metavar="SECONDS",
                          help="per command on a node (default 30)")
     orphans.set_defaults(func=run_orphans)
+
+    rollout = commands.add_parser(
+        "rollout", help="the rollout's record on router.node; `stop`: end a running update",
+        description="Prints the record a change of contract keeps on router.node (its phase: "
+                    "steady, replacing, converting, split; each slot's contract; the leases). "
+                    "`kimipd rollout stop` asks every node script of an update running now to "
+                    "stop waiting: the update ends within seconds and the next `kimipd up` goes "
+                    "on from there, or back with the old config (docs/router.md).",
+        epilog=f"exit codes: {OK} steady (or stopped), {DEGRADED} a change of contract under "
+               f"way, {DOWN} the record cannot be read")
+    _common(rollout, suppress=True)
+    rollout.add_argument("action", nargs="?", choices=["show", "stop"], default="show")
+    rollout.add_argument("--json", action="store_true", help="print the record as JSON")
+    rollout.add_argument("--timeout", type=_positive, default=30.0, metavar="SECONDS",
+                         help="for the command on router.node (default 30)")
+    rollout.set_defaults(func=run_rollout)
 
     reconcile_cli.add_parser(commands)
 

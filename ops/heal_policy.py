@@ -104,7 +104,8 @@ class Decision:
 
     kind: str  # healthy | not-serving | grace | limited | backoff | unreachable | heal |
     #            locked | human-window | pending-changes; a slot without a group:
-    #            re-registered | would-register | register-failed | unregistered
+    #            re-registered | would-register | register-failed | unregistered |
+    #            rollout-under-way | rollout-unknown (ops/rollout.py)
     units: tuple[str, ...]
     message: str
     exit_code: int

@@ -45,6 +45,7 @@ from .remote import RemoteError, Transport
 from .stack import Access, Stack, StackError
 from .stack_engine import HealFailed, StackEngine, StackLocked
 from .reconcile_metrics import MetricsEndpoint, ReconcileMetrics
+from .rollout import Rollout
 from .verdict import Report
 from .virtual_ip import VirtualIpReport
 
@@ -161,7 +162,7 @@ class Reconciler:
         decision = assess(broken, self.memory, self.settings.limits, now,
                           serving=stack.topology.serving and stack.serving_config)
         if decision.kind == "healthy" and (missing := missing_from_slots(report)):
-            return self._register_again(stack, missing)
+            return self._register_again(stack, missing, report.rollout)
         if decision.kind != "heal":
             return decision
         engine = self.engine_factory()
@@ -182,10 +183,14 @@ class Reconciler:
         hung = [container for unit in decision.units for container in broken[unit].hung]
         return self._heal(engine, decision, fingerprint, record, hung)
 
-    def _register_again(self, stack: Stack, missing: dict[str, list[str]]) -> Decision:
+    def _register_again(self, stack: Stack, missing: dict[str, list[str]],
+                        record: Rollout | str | None) -> Decision:
         """Every container serves and a slot lacks a group: that slot's restore on router.node
-        (what a new slot runs first; it skips a group out for its replacement), outside anyone's
-        update. No refresh, no up: nothing drifted."""
+        (what a new slot runs first; it skips a group out for its replacement, and a group of
+        another contract than the slot's), outside anyone's update. No refresh, no up: nothing
+        drifted. Not while a change of contract is under way (the rollout's record): a slot
+        then lacks the other contract's groups on purpose, and the rollout's steps (or the next
+        `kimipd up`, forward or back) move them; nor when the record cannot be read."""
         door = stack.topology.door
         assert door is not None  # missing_from_slots found slots
         units = tuple(sorted(missing))
@@ -193,6 +198,15 @@ class Reconciler:
                                 for role, groups in missing.items()}}
         lacking = "; ".join(f"{role} lacks {', '.join(groups)}"
                             for role, groups in sorted(missing.items()))
+        if isinstance(record, str):
+            return Decision("rollout-unknown", units, f"{lacking}; not registered again: "
+                            f"{record}", WAITING, details)
+        if record is not None and record.under_way:
+            return Decision("rollout-under-way", units,
+                            f"{lacking}: a change of contract is under way ({record.describe()});"
+                            " reconcile registers nothing meanwhile: `scripts/kimipd up` takes "
+                            "it forward (or back, with the old config)", WAITING,
+                            {**details, "rollout": record.as_json()})
         restores = {slot.role: slot.restore for slot in door.slots}
         if not all(restores.get(role) for role in units):
             return Decision("unregistered", units,

@@ -36,7 +36,8 @@ def metric_families(stack: str, memory: Memory, decision: Decision | None,
     broken = GaugeMetricFamily("kimipd_reconcile_broken_units",
                                "Units found broken by the last pass.", labels=["stack"])
     broken.add_metric([stack], len(decision.units) if decision
-                      and decision.kind not in ("healed", "re-registered") else 0)
+                      and decision.kind not in ("healed", "re-registered", "rollout-under-way")
+                      else 0)
     families: list[Metric] = [heals, failures, last_hour, broken]
     failing = GaugeMetricFamily(
         "kimipd_reconcile_heal_failing_resource",

@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from components.config.router_schema import DEFAULT_ROUTER_KIND
 from components.render import GENERATION_LABEL, firewall_urn
 
-from . import DEGRADED, DOWN, OK
+from . import DEGRADED, DOWN, OK, rollout
 from .door import DoorProbes
 from .firewall_probe import firewall_on_node
 from .probe import HttpAnswer, Prober, Tls, settled, tls_check
@@ -145,10 +145,12 @@ def collect(topology: Topology, transport: Transport, prober: Prober, timeout: f
         vip = (VirtualIpProbes(topology.door, transport, timeout)
                if topology.door is not None and topology.door.virtual_ip is not None else None)
         door_futures += vip.submit(pool) if vip else []
+        record = (pool.submit(rollout.read, transport, topology.door, timeout)
+                  if topology.door is not None else None)
         # A probe is bounded by its timeout (direct, then over SSH: connect + command); this is
         # the backstop for one that is not.
         everything = [*inspections.values(), *health.values(), *tables.values(),
-                      *([path] if path else []), *door_futures]
+                      *([path] if path else []), *door_futures, *([record] if record else [])]
         wait(everything, timeout=max(3 * timeout, generate_timeout) + 10)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
@@ -209,4 +211,5 @@ def collect(topology: Topology, transport: Transport, prober: Prober, timeout: f
     hung = [HungUnit(unit, [f"{name}@{node}" for node, name in containers])
             for unit, containers in sorted(hung_units(rows).items())]
     return Report(topology.stack, now, True, rows, path_answer, exit_code, verdict, notes,
-                  firewall, door_report, lost_nodes(rows), vip_report, hung)
+                  firewall, door_report, lost_nodes(rows), vip_report, hung,
+                  settled(record, "the rollout's record: timed out") if record else None)

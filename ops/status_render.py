@@ -169,6 +169,11 @@ def render(report: Report) -> Group:
     lines: list[Any] = [*lost, table]
     if report.door is not None:
         lines += _door_lines(report.door)
+    if report.rollout is not None:
+        rollout = report.rollout
+        lines.append(Text.assemble(("rollout ", "bold"), (
+            rollout if isinstance(rollout, str) else rollout.describe(),
+            "red" if isinstance(rollout, str) else "yellow" if rollout.under_way else "green")))
     if report.virtual_ip is not None:
         lines += _virtual_ip_lines(report.virtual_ip)
     if report.path is not None:

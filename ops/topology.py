@@ -94,6 +94,8 @@ class Door:
     virtual_ip: VirtualIp | None = None
     # A door node taken out (`nodes[].out`): not in `nodes`, not asked.
     nodes_out: tuple[str, ...] = ()
+    # On `node` (rust router): the rollout's record, rollout.json (ops/rollout.py).
+    state_dir: str | None = None
 
     @property
     def port(self) -> int:
@@ -123,7 +125,7 @@ class Door:
                    virtual_ip=(VirtualIp(address=vip.address, prefix_length=vip.prefix_length,
                                          interface=vip.interface, vrid=vip.vrid)
                                if vip is not None else None),
-                   nodes_out=tuple(door.nodes_out or ()))
+                   nodes_out=tuple(door.nodes_out or ()), state_dir=door.state_dir)
 
 
 @dataclass(frozen=True)

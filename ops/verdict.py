@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from .door import DoorReport
+from .rollout import Rollout
 from .probe import HttpAnswer
 from .topology import ContainerRef
 from .virtual_ip import VirtualIpReport
@@ -60,6 +61,9 @@ class Report:
     virtual_ip: VirtualIpReport | None = None
     # Units that run and do not serve (hung_units), first broken when (reconcile's state).
     hung: list[HungUnit] = field(default_factory=list)
+    # The rollout's record on router.node (ops/rollout.py), or why it could not be read; None
+    # without one (no door, MiniLB).
+    rollout: Rollout | str | None = None
 
     def as_json(self) -> dict[str, Any]:
         document = {
@@ -94,6 +98,9 @@ class Report:
             document["virtualIp"] = self.virtual_ip.as_json()
         document["lostNodes"] = [lost.as_json() for lost in self.lost]
         document["hungUnits"] = [hung.as_json() for hung in self.hung]
+        if self.rollout is not None:
+            document["rollout"] = (self.rollout.as_json() if not isinstance(self.rollout, str)
+                                   else {"error": self.rollout})
         return document
 
 

@@ -346,6 +346,10 @@ class DoorStack:
 
     def __init__(self, directory: Path, tls: bool = False, two_nodes: bool = False) -> None:
         self.two_nodes = two_nodes
+        # router.node's state directory: the rollout's record (assets/rollout_state.py) is
+        # written there by a test as the node scripts would.
+        self.state_dir = directory / "router-state"
+        self.state_dir.mkdir(exist_ok=True)
         self.master = HealthOnly(MASTER_NODE)
         self.groups = {"prefill": HealthOnly(PREFILL_NODE), "decode": HealthOnly(DECODE_NODE)}
         self.slots = {name: FakeSlot(OTHER_DOOR_NODE if two_nodes and name == "b"
@@ -420,6 +424,7 @@ class DoorStack:
                              "role": f"router-{name}",
                              "restore": f"curl -sf -o /dev/null -X POST {slot.url}/restore"}
                       for i, (name, slot) in enumerate(self.slots.items())},
+            "stateDir": str(self.state_dir),
         }
         nodes = [MASTER_NODE, PREFILL_NODE, DECODE_NODE, ROUTER_NODE]
         if self.two_nodes:

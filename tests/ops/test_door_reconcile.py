@@ -189,6 +189,44 @@ def test_a_slot_that_lacks_a_serving_group_gets_it_back_from_its_restore(
     assert h.run().kind == "healthy"
 
 
+def record(door: DoorStack, phase: str, slots: dict[str, dict]) -> None:
+    """The rollout's record on router.node as the node scripts leave it."""
+    (door.state_dir / "rollout.json").write_text(json.dumps({
+        "version": 1, "phase": phase, "target": "c1", "groups": {"prefill": "c1"},
+        "slots": slots, "leases": {"decode": ["decode", 1.0]}, "stop": None,
+        "step": "router-members admit prefill", "updated": 1.0}))
+
+
+def test_a_slot_mid_change_of_contract_is_not_completed_by_reconcile(
+        tmp_path, door: DoorStack) -> None:
+    """Slot a out at the door taking the new contract's prefill alone (an `up` stopped there):
+    its lacking groups are the other contract's, so reconcile waits and runs no restore; once
+    the record is steady again, a lacking group is registered as before."""
+    door.slots["a"].members["decode"] = (False, None, 0)
+    record(door, "converting", {"slot-a": {"contract": "c1", "converting": True},
+                                "slot-b": {"contract": "c0", "converting": False}})
+    h = Harness(tmp_path, door)
+    decision = h.run()
+    assert (decision.kind, decision.units, decision.exit_code) == \
+        ("rollout-under-way", ("router-a",), WAITING), decision
+    assert "slot-a out at the door, taking c1" in decision.message
+    assert "`scripts/kimipd up` takes it forward" in decision.message
+    assert not door.slots["a"].members["decode"][0], "the restore ran mid-rollout"
+    record(door, "steady", {"slot-a": {"contract": "c1", "converting": False},
+                            "slot-b": {"contract": "c1", "converting": False}})
+    assert h.run().kind == "re-registered"
+    assert door.slots["a"].members["decode"][0]
+
+
+def test_an_unreadable_record_registers_nothing(tmp_path, door: DoorStack) -> None:
+    door.slots["b"].members["decode"] = (False, None, 0)
+    (door.state_dir / "rollout.json").write_text("{half a record")
+    decision = Harness(tmp_path, door).run()
+    assert (decision.kind, decision.exit_code) == ("rollout-unknown", WAITING), decision
+    assert "is not a rollout record" in decision.message
+    assert not door.slots["b"].members["decode"][0]
+
+
 def test_a_missing_group_waits_for_an_update_and_a_dry_run_changes_nothing(
         tmp_path, door: DoorStack) -> None:
     door.slots["a"].members["prefill"] = (False, None, 0)
