@@ -244,8 +244,8 @@ def reopen(args, routers: list[Router], door: Door | None, state: State) -> None
 
 def standby_contract(state: State, group: str, key: str) -> str | None:
     """A contract other than GROUP's whose groups that should serve (none out for its
-    replacement) have a prefill and a decode, each answering /health, registered nowhere
-    yet: the one a rollout reverted midway goes back to. None when there is none."""
+    replacement) have a prefill and a decode, each answering /health: the one a rollout
+    reverted midway goes back to. None when there is none."""
     mine = state.contract(group)
     out = state.out_for_replacement()
     contracts = state.contracts()

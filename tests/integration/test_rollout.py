@@ -1,13 +1,17 @@
 """Planned changes that keep serving, through the real engine on the sim with the rust router
 (stack file Pulumi.sim-2p2d.yaml): the worker API refuses a caller without the key; restarting
 one decode group fails no request under bounded load, and the router never has zero groups of a
-mode; a new checkpoint rolls in halves and never pairs a prefill and a decode of two; a failing
-canary stops the rollout while the groups not yet replaced keep serving. Tests run in file order on one stack, which test_heal.py
+mode; a new checkpoint's rollout Ctrl-C'd midway, raced by reconcile, reverted, then rolled in
+halves never pairs a prefill and a decode of two; a failing canary stops the rollout while the
+groups not yet replaced keep serving. Tests run in file order on one stack, which test_heal.py
 goes on with."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import threading
 import time
 import urllib.error
@@ -17,9 +21,11 @@ import pytest
 from pulumi import automation as auto
 
 from sim.automation import Project
+from tests.conftest import REPO
 from tests.integration.engine import (  # noqa: F401 - fixtures
     AUTHORIZED, ROUTER, SHARED_2P2D, StreamingLoad, assert_replaced_only, container_ids, shared_2p2d,
     shared_2p2d_project, shared_2p2d_sim, shared_2p2d_stack, shared_2p2d_values, up_under_load)
+from tests.integration.healing import reconcile_once
 from tests.integration.sim import SimCluster
 
 pytestmark = pytest.mark.timeout(1800)
@@ -126,30 +132,142 @@ def test_restarting_one_decode_group_fails_no_request(stack: auto.Stack, project
     assert_replaced_only(before, container_ids(sim), "kimipd-decode-b-")
 
 
-def test_a_new_checkpoint_rolls_in_halves_and_never_pairs_two_contracts(
-        stack: auto.Stack, project: Project, sim: SimCluster,
+NEW_CHECKPOINT = "/data/models/Kimi-K3-0912"
+
+
+class Everywhere:
+    """StreamingLoad through router.node's door and, beside it, a slower one straight to each
+    slot and to the other door node's own door (where the virtual IP goes when router.node is
+    lost): a slot that pairs two contracts shows there even while router.node's door keeps it
+    drained. Only router.node's door must not fail a request; every answer anywhere must be of
+    one contract."""
+
+    def __init__(self, stack: auto.Stack) -> None:
+        door = stack.outputs()["door"].value
+        self.direct = {f"slot {name}": slot["url"] for name, slot in door["slots"].items()}
+        self.direct |= {f"door on {node}": f"http://{node}:{ROUTER.rsplit(':', 1)[1]}"
+                        for node in door.get("nodes") or {} if node != door["node"]}
+        self.door = StreamingLoad(rate=5.0)
+        self.others = {what: StreamingLoad(rate=1.0, url=url) for what, url in self.direct.items()}
+
+    def __enter__(self) -> Everywhere:
+        for load in (self.door, *self.others.values()):
+            load.__enter__()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for load in (self.door, *self.others.values()):
+            load.__exit__()
+
+    def mixed(self) -> dict[str, int]:
+        return {what: len(load.mixed()) for what, load in
+                (("door", self.door), *self.others.items()) if load.mixed()}
+
+    def summary(self, what: str) -> str:
+        return "; ".join([self.door.summary(f"{what}, through router.node's door")]
+                         + [load.summary(name) for name, load in self.others.items()])
+
+
+def rollout_record(stack: auto.Stack, sim: SimCluster) -> dict:
+    door = stack.outputs()["door"].value
+    answer = sim.ssh(door["node"], f"cat {door['stateDir']}/rollout.json", timeout=30)
+    return json.loads(answer.stdout) if answer.returncode == 0 and answer.stdout.strip() else {}
+
+
+def interrupted_up(project: Project, stack: auto.Stack, sim: SimCluster,
+                   when) -> tuple[float, dict, str]:
+    """`kimipd up --yes` Ctrl-C'd (SIGINT to its process group, as a terminal sends it) once
+    WHEN(the rollout's record) holds: seconds from the Ctrl-C to its exit, the record then, and
+    what it printed."""
+    process = subprocess.Popen(
+        [str(REPO / "scripts" / "kimipd"), "-s", SHARED_2P2D, "--cwd", str(project.directory),
+         "up", "--yes"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True, env=os.environ | project.env | {"COLUMNS": "200"})
+    try:
+        deadline = time.monotonic() + 300
+        record: dict = {}
+        while time.monotonic() < deadline and process.poll() is None:
+            record = rollout_record(stack, sim)
+            if record and when(record):
+                break
+            time.sleep(0.5)
+        assert process.poll() is None, f"the up ended before the point to stop it: {record}"
+        os.killpg(process.pid, signal.SIGINT)
+        stopped = time.monotonic()
+        output, _ = process.communicate(timeout=300)
+        return time.monotonic() - stopped, record, output
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(30)
+
+
+def slot_contracts(stack: auto.Stack, sim: SimCluster) -> dict[str, set[str]]:
+    """Each slot's registrations, as the contracts the record says their groups run."""
+    record = rollout_record(stack, sim)
+    by_url = {url: record["groups"].get(group, "unrecorded")
+              for group, url in (PREFILL | DECODE).items()}
+    found = {}
+    for name, slot in stack.outputs()["door"].value["slots"].items():
+        request = urllib.request.Request(slot["url"] + "/workers", headers=AUTHORIZED)
+        with urllib.request.urlopen(request, timeout=5) as response:
+            found[name] = {by_url[w["url"]] for w in json.load(response)["workers"]}
+    return found
+
+
+def test_a_new_checkpoint_stopped_midway_reconciled_reverted_then_rolled_never_mixes(
+        stack: auto.Stack, project: Project, sim: SimCluster, tmp_path,
         capsys: pytest.CaptureFixture[str]) -> None:
-    """`model.path` changed (a new checkpoint: both modes' KV contract) under load: one slot
-    leaves the door, takes the first new prefill and decode group and comes back; the other
-    slot then moves on, and the other half follows. No answer comes from a prefill and a
-    decode of two checkpoints (the decode stand-ins mark such an answer: bench/load.Answer.mixed),
-    none fails, and half the groups of each mode serve at the fewest."""
+    """`model.path` changed (a new checkpoint: both modes' KV contract) under load, the way an
+    operator's rollout goes wrong: `kimipd up` Ctrl-C'd once a slot has left the door to take
+    the new contract; a reconcile pass (it completed that slot with the old contract's groups
+    before); the config reverted and `up` (back); then the change again and `up` (forward, in
+    halves). No answer anywhere (router.node's door, each slot, the other door node's door)
+    comes from a prefill and a decode of two checkpoints, none through router.node's door
+    fails, and a slot serves throughout."""
     before = container_ids(sim)
-    project.update_stack(SHARED_2P2D, {"model": shared_2p2d_values(sim)["model"] | {
-        "path": "/data/models/Kimi-K3-0912"}})
-    started = time.monotonic()
-    with WorkerWatch() as watch, StreamingLoad(rate=5.0) as load:
+    old_model = shared_2p2d_values(sim)["model"]
+    project.update_stack(SHARED_2P2D, {"model": old_model | {"path": NEW_CHECKPOINT}})
+    figures = []
+    with WorkerWatch() as watch, Everywhere(stack) as load:
         time.sleep(2)
+        started = time.monotonic()
+        took, record, output = interrupted_up(
+            project, stack, sim,
+            lambda record: any(slot.get("converting") for slot in record["slots"].values()))
+        figures.append(f"Ctrl-C at phase {record.get('phase')} ({time.monotonic() - started:.0f}s"
+                       f" in): the up ended {took:.1f}s later")
+        assert took < 60, f"the up went on {took:.0f}s after its Ctrl-C:\n{output[-3000:]}"
+        assert "asking the update's node scripts to stop" in output, output[-3000:]
+        held = slot_contracts(stack, sim)
+        assert all(len(contracts) <= 1 for contracts in held.values()), held
+        code, decision = reconcile_once(project, SHARED_2P2D, tmp_path, "--grace-seconds", "0",
+                                        "--human-window-minutes", "0")
+        figures.append(f"reconcile: {decision['decision']}")
+        assert decision["decision"] != "re-registered", decision
+        held = slot_contracts(stack, sim)
+        assert all(len(contracts) <= 1 for contracts in held.values()), held
+        project.update_stack(SHARED_2P2D, {"model": old_model})
+        stack.refresh()
+        started = time.monotonic()
         stack.up(on_output=print)
+        figures.append(f"reverted: up in {time.monotonic() - started:.0f}s")
+        assert slot_contracts(stack, sim) == {"a": {rollout_record(stack, sim)["target"]},
+                                             "b": {rollout_record(stack, sim)["target"]}}
+        project.update_stack(SHARED_2P2D, {"model": old_model | {"path": NEW_CHECKPOINT}})
+        started = time.monotonic()
+        stack.up(on_output=print)
+        figures.append(f"forward: up in {time.monotonic() - started:.0f}s")
         time.sleep(2)
     with capsys.disabled():  # the run's log keeps the figures (docs/router.md)
-        print(f"\n{load.summary(f'model.path changed in {time.monotonic() - started:.0f}s')}; "
-              f"fewest healthy through the door: {watch.fewest}")
-    assert load.mixed() == [], f"{len(load.mixed())} answers of two checkpoints"
-    failed = load.failed()
-    assert len(load.results) > 50 and not failed, [answer.outcome for answer in failed]
-    # Half of each mode at the fewest: the halves, never none.
-    assert watch.fewest == {"prefill": 1, "decode": 1}, watch.fewest
+        print(f"\n{'; '.join(figures)}\n{load.summary('model.path stopped, back, forward')}; "
+              f"fewest healthy through router.node's door: {watch.fewest}")
+    assert load.mixed() == {}, f"answers of two checkpoints: {load.mixed()}"
+    failed = load.door.failed()
+    assert len(load.door.results) > 50 and not failed, [answer.outcome for answer in failed]
+    assert watch.fewest["prefill"] >= 1 and watch.fewest["decode"] >= 1, watch.fewest
+    record = rollout_record(stack, sim)
+    assert record["phase"] == "steady", record
     after = container_ids(sim)
     for name in before:
         if "-prefill-" in name or "-decode-" in name:
