@@ -271,3 +271,28 @@ def test_preview_verdicts_on_extra_args_match_the_real_parser(real_python: Path)
     ]
     assert not disagreements, disagreements
     assert sum(not answer["ok"] for answer in answers) >= 8  # the corpus has teeth both ways
+
+
+def test_the_page_size_resolves_as_sglangs_own_post_processing(real_python: Path) -> None:
+    """config/rules/kv_contract.resolved_page_size against SGLang 0.5.19's own
+    `_mla_backend_page_constraints` and `_page_size_default`, for every snapping backend (and
+    some that snap nothing) on every backend flag, every page size, and pairs of backends."""
+    from components.config.rules.kv_contract import BACKENDS, PAGE_SNAPS, resolved_page_size
+
+    names = [snap[0] for snap in PAGE_SNAPS] + ["fa3", "flashinfer", "triton"]
+    cases: list[dict[str, Any]] = []
+    for size in (None, 1, 16, 32, 64, 128):
+        cases += [{"page_size": size, flag: name} for flag in BACKENDS for name in names]
+        cases += [{"page_size": size, "attention_backend": one, "decode_attention_backend": two}
+                  for one in names[:3] for two in names[2:6]]
+    result = subprocess.run([str(real_python), str(UPSTREAM), "page-size"], cwd="/tmp",
+                            input=json.dumps(cases), capture_output=True, text=True,
+                            timeout=300, check=True)
+    theirs = json.loads(result.stdout)
+    ours = [resolved_page_size(None if case["page_size"] is None else str(case["page_size"]),
+                               {dest: value for dest, value in case.items()
+                                if dest != "page_size"}) for case in cases]
+    differ = [(case, mine, str(real)) for case, mine, real in zip(cases, ours, theirs,
+                                                                 strict=True)
+              if mine != str(real)]
+    assert not differ, f"{len(differ)} of {len(cases)} resolve otherwise: {differ[:5]}"

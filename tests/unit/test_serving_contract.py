@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from components.cluster import paired_prefill
-from components.config import load_cluster_config
+from components.config import ConfigError, load_cluster_config
 from components.render import contract_digest, serving_contract
 from tests.conftest import asset_script, stack_values
 
@@ -56,6 +56,8 @@ def values() -> dict:
     ("another image", lambda v: v.update(image="lmsysorg/sglang:kimi-k3-next")),
     ("an fp8 KV cache on every group", both("--kv-cache-dtype", "fp8_e4m3")),
     ("another page size on every group", both("--page-size", "64")),
+    ("a backend on every group that snaps the page size", both("--attention-backend",
+                                                               "flashmla")),
 ])
 def test_what_both_modes_share_changes_the_contract(values: dict, what: str, edit) -> None:
     assert digest(changed(values, edit)) != digest(values), what
@@ -74,6 +76,21 @@ def test_a_node_file_changes_the_contract(values: dict) -> None:
 def test_what_one_side_may_change_alone_keeps_the_contract(values: dict, what: str,
                                                            edit) -> None:
     assert digest(changed(values, edit)) == digest(values), what
+
+
+def test_a_decode_only_backend_that_snaps_the_page_size_is_refused(values: dict) -> None:
+    """SGLang 0.5.19 snaps --page-size by attention backend (flashmla: 64): a decode-only
+    backend change gives decode other pages with the same image and flags."""
+    with pytest.raises(ConfigError) as refused:
+        load_cluster_config(changed(values, extra("decode-a", "--decode-attention-backend",
+                                                  "flashmla")))
+    assert ("--page-size is not set (SGLang's default) on prefill-a and '64' "
+            "(groups.decode-a.extraArgs: --decode-attention-backend flashmla snaps it) on "
+            "decode-a") in str(refused.value)
+    # The size it snaps to, given to every group, agrees (and is the contract's).
+    agreed = changed(changed(values, both("--page-size", "64")),
+                     extra("decode-a", "--decode-attention-backend", "flashmla"))
+    assert digest(agreed) == digest(changed(values, both("--page-size", "64")))
 
 
 def test_a_decode_context_longer_than_prefills_keeps_the_contract(values: dict) -> None:

@@ -39,6 +39,22 @@ CONTRACT_FLAGS = {
 # --context-length: decode's may be longer than prefill's (it holds the output as well), never
 # shorter: a prompt prefill accepts would not fit decode's KV.
 CONTEXT_LENGTH = "context_length"
+# The attention backends, which snap the page size (resolved_page_size).
+BACKENDS = ("attention_backend", "decode_attention_backend", "prefill_attention_backend",
+            "speculative_draft_attention_backend")
+# SGLang 0.5.19's page-size snaps, in the order it applies them
+# (srt/arg_groups/overrides.py, `_mla_backend_page_constraints`): backend -> (the backend flags
+# it is looked for in, the sizes it keeps, the size it snaps any other to).
+ALL_BACKENDS = BACKENDS[:3]
+PAGE_SNAPS: tuple[tuple[str, tuple[str, ...], tuple[int, ...], int], ...] = (
+    ("flashmla", BACKENDS[:2], (), 64),
+    ("cutlass_mla", BACKENDS[:2], (), 128),
+    ("trtllm_mla", BACKENDS[:2], (32, 64), 64),
+    ("tokenspeed_mla", BACKENDS[:2], (32, 64), 64),
+    ("cutedsl_mla", ALL_BACKENDS, (32, 64), 64),
+    ("trtllm_mha", BACKENDS, (16, 32, 64, 128), 64),
+    ("hpc_ops", ALL_BACKENDS, (64,), 64),
+)
 # SGLang's own default where a flag is not given, so that "auto" and nothing agree.
 DEFAULTS = {"kv_cache_dtype": "auto", "dtype": "auto"}
 
@@ -56,10 +72,24 @@ class Setting:
         return f"{self.value!r} ({self.where})"
 
 
+def resolved_page_size(page_size: str | None, backends: dict[str, str | None]) -> str | None:
+    """The page size SGLang 0.5.19 runs with, from --page-size and the attention backend flags
+    as given: each backend that supports only some sizes snaps it (PAGE_SNAPS), and an unset
+    one is then 1. None when no backend is given: SGLang picks one by the GPU and the model at
+    start, so only the running server can tell (its /server_info)."""
+    if not any(backends.values()):
+        return page_size
+    size: int | None = int(page_size) if page_size and page_size.isdigit() else None
+    for backend, flags, keeps, snap in PAGE_SNAPS:
+        if any(backends.get(flag) == backend for flag in flags) and size not in keeps:
+            size = snap
+    return str(size if size is not None else 1)
+
+
 def _given(key: str, args: list[str]) -> dict[str, Setting]:
     """dest -> the last occurrence's value (argparse keeps the last) among the contract's flags."""
     found: dict[str, Setting] = {}
-    wanted = {*CONTRACT_FLAGS, CONTEXT_LENGTH}
+    wanted = {*CONTRACT_FLAGS, CONTEXT_LENGTH, *BACKENDS}
     for occurrence in sglang_table().occurrences(args):
         dest = occurrence.option.dest
         if dest not in wanted:
@@ -77,6 +107,14 @@ def kv_contract(name: str, group: GroupSpec) -> dict[str, Setting]:
     given = _given(key, group.extra_args)
     contract = {dest: given.get(dest, Setting(None, key))
                 for dest in (*CONTRACT_FLAGS, CONTEXT_LENGTH)}
+    # The page size as SGLang resolves it: a backend that snaps it changes the KV layout as
+    # much as --page-size does.
+    backends = {dest: given[dest].value for dest in BACKENDS if dest in given}
+    resolved = resolved_page_size(contract["page_size"].value, backends)
+    if resolved != contract["page_size"].value:
+        named = ", ".join(f"--{dest.replace('_', '-')} {value}"
+                          for dest, value in backends.items())
+        contract["page_size"] = Setting(resolved, f"{key}: {named} snaps it")
     contract["transfer_backend"] = Setting(group.transfer_backend,
                                            f"groups.{name}.transferBackend")
     return contract
@@ -114,7 +152,9 @@ def prefill_and_decode_agree(cfg: ClusterConfig) -> Iterable[str]:
                        f"{flag} is {ours[dest].shown(dest)} on {prefill} and "
                        f"{theirs[dest].shown(dest)} on {decode}; that is {effect}, and every "
                        f"answer would be silently wrong (SGLang does not compare the two): set "
-                       f"the same {flag} on both groups.")
+                       f"the same {flag} on both groups"
+                       + (" (an attention backend snaps it: give both the size it snaps to, "
+                          "or the same backends)." if dest == "page_size" else "."))
             mine, yours = ours[CONTEXT_LENGTH], theirs[CONTEXT_LENGTH]
             if yours.value is None:
                 continue  # decode's default is the model's whole context: never shorter

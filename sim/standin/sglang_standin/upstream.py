@@ -16,6 +16,7 @@ This file also runs as a script, by path, in an interpreter whose `sys.path` hol
   python3 upstream.py options [--router]          the parser's option table, as JSON
   python3 upstream.py parse [--router] -- ARG...  one argv -> {"ok", "exit", "values", "error", ...}
   python3 upstream.py parse-many                  stdin: [{"kind": "server"|"router", "argv": [...]}]
+  python3 upstream.py page-size                   stdin: [{dest: value}] -> the resolved page sizes
 Stdlib only.
 """
 
@@ -297,6 +298,24 @@ def parse(argv: List[str], router: bool = False) -> Dict[str, Any]:
     return {"ok": True, "exit": 0, "values": values, "error": "", "versions": versions()}
 
 
+def resolved_page_size(flags: Dict[str, Any]) -> Optional[int]:
+    """The page size SGLang's own post-processing gives FLAGS (page_size and the attention
+    backends by dest): its backend snaps, then its default where none is set."""
+    server_parser()  # the import stubs
+    from sglang.srt.arg_groups import overrides
+
+    view = types.SimpleNamespace(**{"page_size": None, "attention_backend": None,
+                                    "decode_attention_backend": None,
+                                    "prefill_attention_backend": None,
+                                    "speculative_draft_attention_backend": None, **flags})
+    with contextlib.redirect_stderr(io.StringIO()):
+        view.page_size = overrides._mla_backend_page_constraints(view).get("page_size",
+                                                                           view.page_size)
+        if view.page_size is None:
+            view.page_size = overrides._page_size_default(view).get("page_size")
+    return view.page_size
+
+
 # -- the stand-in's entry ------------------------------------------------------------------
 
 
@@ -348,6 +367,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         requests = json.load(sys.stdin)
         print(json.dumps([parse(item["argv"], router=item["kind"] == "router")
                           for item in requests]))
+    elif command == "page-size":
+        print(json.dumps([resolved_page_size(item) for item in json.load(sys.stdin)]))
     else:
         print(__doc__, file=sys.stderr)
         return 2
