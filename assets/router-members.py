@@ -51,6 +51,7 @@ the slot's own /readiness (docs/decisions.md).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import time
@@ -88,6 +89,30 @@ def serving_nowhere(live: list[tuple[Router, list[dict]]], url: str) -> str | No
         return (f"not healthy in any of {routers_said(len(live))} and its rank 0 does not "
                 "answer")
     return None
+
+
+# SGLang's resolved server arguments a prefill and a decode must share (its /server_info),
+# as config/rules/kv_contract.py checks the flags at preview.
+RUNTIME_FIELDS = ("model_path", "served_model_name", "tokenizer_path", "revision", "dtype",
+                  "quantization", "kv_cache_dtype", "page_size", "speculative_algorithm",
+                  "disaggregation_transfer_backend")
+
+
+def runtime_contract(url: str, key: str) -> str | None:
+    """A digest of what the group at URL runs, from its rank 0's /server_info; None while it
+    does not answer it."""
+    request = urllib.request.Request(url.rstrip("/") + "/server_info",
+                                     headers={"Authorization": f"Bearer {key}"} if key else {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            info = json.loads(response.read().decode())
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    if not isinstance(info, dict):
+        return None
+    facts = {name: None if info.get(name) is None else str(info[name])
+             for name in RUNTIME_FIELDS}
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:8]
 
 
 def running_requests(url: str, key: str) -> int | None:
@@ -408,6 +433,20 @@ def admit(args, routers: list[Router], state: State) -> int:
     group, mode, url, contract = args.group, args.mode, args.url, args.contract
     door = Door(args.door_socket) if args.door_socket else None
     if contract:
+        # What the group really runs, as SGLang resolved it (a backend that snaps the page size,
+        # a dtype left to "auto"), is part of its contract: two groups admitted under one
+        # config but resolved apart are kept apart like two contracts.
+        key = routers[0].key if routers else ""
+        resolved = {"digest": ""}
+
+        def unread() -> str | None:
+            resolved["digest"] = runtime_contract(url, key) or ""
+            return None if resolved["digest"] else "its rank 0's /server_info does not answer"
+
+        wait_until(unread, args.timeout, args.interval,
+                   lambda why, elapsed: f"{group} ({url}): {why} after {elapsed:.0f}s",
+                   say=lambda why: log(f"{group}: {why}"))
+        contract = f"{contract}.{resolved['digest']}"
         with state.locked():
             state.record_contract(group, contract)
     posted: set[str] = set()

@@ -92,7 +92,8 @@ def test_the_reported_interruption_is_not_completed_with_the_old_contract(
                                       {"prefill-a": "c0", "decode-a": "c0"}]
     assert node.serving() == ["slot-b"]
     assert node.state.phase() == "converting"
-    assert node.state.record()["slots"]["slot-a"] == {"contract": "c1", "converting": True}
+    # Recorded as admitted: the config's contract and what /server_info says it resolved to.
+    assert node.state.record()["slots"]["slot-a"] == {"contract": "c1.r0", "converting": True}
 
 
 def test_a_slot_found_holding_two_contracts_keeps_its_own(
@@ -136,3 +137,19 @@ def test_an_operators_stop_ends_a_waiting_drain_at_once(
     later = node.members.State(node.state.directory)
     assert not later.stopped()
     node.members.watch_for_stop(later)
+
+
+def test_groups_of_one_config_that_resolve_apart_are_never_paired(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """decode-b's /server_info resolves to other KV settings than the rest under the same
+    config (a backend that snaps its page size, an "auto" dtype resolved otherwise): admitted,
+    it is a contract of its own, so no slot holds it beside a prefill of the others."""
+    node = Node(tmp_path, monkeypatch, ["slot-a", "slot-b"], GROUPS)
+    node.resolved[node.urls["decode-b"]] = "r1"
+    node.want_all("c0")
+    for held in node.holds():
+        assert "decode-b" not in held or "prefill-a" not in held and "prefill-b" not in held, \
+            node.holds()
+    assert node.serving(), node.holds()
+    assert node.state.contract("decode-b") == "c0.r1" != node.state.contract("decode-a")
+

@@ -222,6 +222,8 @@ class Node:
                  groups: dict[str, str]) -> None:
         self.members = asset_script("router-members.py")
         self.groups = groups
+        # What each group's /server_info resolves to (URL -> its digest; "r0" by default).
+        self.resolved: dict[str, str] = {}
         self.urls = {group: f"http://10.9.9.{i}:30000" for i, group in enumerate(groups, 1)}
         self.routers = [MemoryRouter(f"http://127.0.0.1:{31001 + i}", slot)
                         for i, slot in enumerate(slots)]
@@ -232,7 +234,8 @@ class Node:
         for name, value in (("rank0_refuses", lambda url: False),
                             ("rank0_answers", lambda url: True),
                             ("rank0_healthy", lambda url, key: True),
-                            ("running_requests", lambda url, key: 0)):
+                            ("running_requests", lambda url, key: 0),
+                            ("runtime_contract", lambda url, key: self.resolved.get(url, "r0"))):
             monkeypatch.setattr(self.members, name, value)
         monkeypatch.setattr(self.members, "Door", lambda path: self.door)
         self.contract: dict[str, str] = {}
