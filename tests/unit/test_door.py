@@ -95,7 +95,8 @@ def test_minilb_slots_are_checked_on_health(pro6000: dict) -> None:
 def test_every_group_drain_talks_to_both_slots(pro6000: dict) -> None:
     cfg = load_cluster_config(pro6000)
     drain = drain_command(cfg, "prefill")
-    assert "--router http://127.0.0.1:31001 --router http://127.0.0.1:31002" in drain
+    assert ("--router http://127.0.0.1:31001 --slot slot-a --router http://127.0.0.1:31002 "
+            "--slot slot-b --door-socket /opt/kimipd/router-31000/door/admin.sock") in drain
     slot = slot_drain_command(cfg, "a")
     assert "--slot a --other b --door-socket /opt/kimipd/router-31000/door/admin.sock" in slot
 
