@@ -24,7 +24,8 @@ from pulumi import automation as auto
 from sim.automation import Project
 from tests.conftest import REPO
 from tests.integration.engine import (  # noqa: F401 - fixtures
-    AUTHORIZED, ROUTER, SHARED_2P2D, StreamingLoad, assert_replaced_only, container_ids, shared_2p2d,
+    AUTHORIZED, ROUTER, SHARED_2P2D, StreamingLoad, assert_replaced_only, container_ids, kimipd,
+    shared_2p2d,
     shared_2p2d_project, shared_2p2d_sim, shared_2p2d_stack, shared_2p2d_values, up_under_load)
 from tests.integration.healing import reconcile_once
 from tests.integration.sim import SimCluster
@@ -244,6 +245,10 @@ def test_a_new_checkpoint_stopped_midway_reconciled_reverted_then_rolled_never_m
         assert "asking the update's node scripts to stop" in output, output[-3000:]
         held = slot_contracts(stack, sim)
         assert all(len(contracts) <= 1 for contracts in held.values()), held
+        shown = kimipd(project, SHARED_2P2D, "rollout")
+        assert shown.returncode == 1, shown.stdout + shown.stderr
+        assert "phase converting" in shown.stdout or "phase split" in shown.stdout, shown.stdout
+        assert "`scripts/kimipd up` takes it forward" in shown.stderr, shown.stderr
         code, decision = reconcile_once(project, SHARED_2P2D, tmp_path, "--grace-seconds", "0",
                                         "--human-window-minutes", "0")
         figures.append(f"reconcile: {decision['decision']}")
