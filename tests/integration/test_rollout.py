@@ -172,6 +172,28 @@ class Everywhere:
                          + [load.summary(name) for name, load in self.others.items()])
 
 
+def assert_one_contract_served(load: Everywhere, watch: WorkerWatch, what: str,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    """The figures printed (the run's log keeps them: docs/router.md); no answer anywhere of
+    two contracts, none through router.node's door failed, a group of each mode there at the
+    fewest."""
+    with capsys.disabled():
+        print(f"\n{load.summary(what)}; fewest healthy through router.node's door: "
+              f"{watch.fewest}")
+    assert load.mixed() == {}, f"answers of two contracts: {load.mixed()}"
+    failed = load.door.failed()
+    assert len(load.door.results) > 50 and not failed, [answer.outcome for answer in failed]
+    assert watch.fewest["prefill"] >= 1 and watch.fewest["decode"] >= 1, watch.fewest
+
+
+def assert_all_replaced_but_the_doors(before: dict[str, str], after: dict[str, str]) -> None:
+    kept = [name for name in before if name.startswith(("kimipd-door", "kimipd-keepalived"))]
+    assert {name: after[name] for name in kept} == {name: before[name] for name in kept}, \
+        "a door or keepalived was replaced"
+    assert all(after[name] != before[name] for name in before if name not in kept), \
+        "a container was not replaced"
+
+
 def rollout_record(stack: auto.Stack, sim: SimCluster) -> dict:
     door = stack.outputs()["door"].value
     answer = sim.ssh(door["node"], f"cat {door['stateDir']}/rollout.json", timeout=30)
@@ -268,12 +290,8 @@ def test_a_new_checkpoint_stopped_midway_reconciled_reverted_then_rolled_never_m
         figures.append(f"forward: up in {time.monotonic() - started:.0f}s")
         time.sleep(2)
     with capsys.disabled():  # the run's log keeps the figures (docs/router.md)
-        print(f"\n{'; '.join(figures)}\n{load.summary('model.path stopped, back, forward')}; "
-              f"fewest healthy through router.node's door: {watch.fewest}")
-    assert load.mixed() == {}, f"answers of two checkpoints: {load.mixed()}"
-    failed = load.door.failed()
-    assert len(load.door.results) > 50 and not failed, [answer.outcome for answer in failed]
-    assert watch.fewest["prefill"] >= 1 and watch.fewest["decode"] >= 1, watch.fewest
+        print(f"\n{'; '.join(figures)}")
+    assert_one_contract_served(load, watch, "model.path stopped, back, forward", capsys)
     record = rollout_record(stack, sim)
     assert record["phase"] == "steady", record
     after = container_ids(sim)
@@ -317,20 +335,11 @@ def test_a_new_image_rolls_the_routers_and_the_groups_in_halves_and_never_mixes(
         time.sleep(2)
         stack.up(on_output=print)
         time.sleep(2)
-    with capsys.disabled():  # the run's log keeps the figures (docs/router.md)
-        print(f"\n{load.summary(f'image changed in {time.monotonic() - started:.0f}s')}; "
-              f"fewest healthy through router.node's door: {watch.fewest}")
-    assert load.mixed() == {}, f"answers of two images: {load.mixed()}"
-    failed = load.door.failed()
-    assert len(load.door.results) > 50 and not failed, [answer.outcome for answer in failed]
+    assert_one_contract_served(load, watch, f"image changed in {time.monotonic() - started:.0f}s",
+                               capsys)
     unserved = [watch.seen[i] for i in range(len(watch.seen)) if not watch.serving(i)]
     assert not unserved, f"router.node's door answered without a group of each mode: {unserved}"
-    after = container_ids(sim)
-    kept = [name for name in before if name.startswith(("kimipd-door", "kimipd-keepalived"))]
-    assert {name: after[name] for name in kept} == {name: before[name] for name in kept}, \
-        "a door or keepalived was replaced"
-    assert all(after[name] != before[name] for name in before if name not in kept), \
-        "a container was not replaced"
+    assert_all_replaced_but_the_doors(before, container_ids(sim))
     assert rollout_record(stack, sim)["phase"] == "steady"
     assert {name: len(contracts) for name, contracts in slot_contracts(stack, sim).items()} \
         == {"a": 1, "b": 1}
@@ -349,13 +358,8 @@ def test_a_change_that_replaces_every_container_fails_nothing_behind_the_door(
     project.update_stack(SHARED_2P2D, {"restartGeneration": 1})
     with WorkerWatch() as watch:
         _, results = up_under_load(stack, "restartGeneration (both slots and every group)")
-    after = container_ids(sim)
     # Neither the doors nor keepalived carry the restart generation (docs/door.md).
-    kept = [name for name in before if name.startswith(("kimipd-door", "kimipd-keepalived"))]
-    assert {name: after[name] for name in kept} == {name: before[name] for name in kept}, \
-        "a door or keepalived was replaced"
-    assert all(after[name] != before[name] for name in before if name not in kept), \
-        "a container was not replaced"
+    assert_all_replaced_but_the_doors(before, container_ids(sim))
     failed = [status for status in results if status != 200]
     assert len(results) > 20 and not failed, f"{len(failed)} of {len(results)} failed: {failed[:10]}"
     unserved = [watch.seen[i] for i in range(len(watch.seen)) if not watch.serving(i)]
