@@ -211,10 +211,15 @@ def main() -> int:
     state = State(args.state_dir, step=f"door-slots {args.action} slot-{args.slot}")
     watch_for_stop(state)
     if args.action == "want":
-        state.mark(state.slot_marker(args.slot), "serving")
+        with state.locked():
+            if not os.path.exists(state.slot_marker(args.slot)):
+                state.forget(slot=args.slot)
+            state.mark(state.slot_marker(args.slot), "serving")
         return 0
     if args.action == "unwant":
-        state.unmark(state.slot_marker(args.slot))
+        with state.locked():
+            state.unmark(state.slot_marker(args.slot))
+            state.forget(slot=args.slot)
         return 0
     if args.action == "drain":
         return slot_drain(args, state)

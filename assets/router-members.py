@@ -53,6 +53,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import sys
 import time
 import urllib.error
@@ -596,10 +597,15 @@ def main() -> int:
         return 0
     if args.action == "want":
         bootstrap = "-" if args.bootstrap_port is None else str(args.bootstrap_port)
-        state.mark(state.marker(args.group), f"{args.mode} {args.url} {bootstrap}")
+        with state.locked():
+            if not os.path.exists(state.marker(args.group)):
+                state.forget(group=args.group)
+            state.mark(state.marker(args.group), f"{args.mode} {args.url} {bootstrap}")
         return 0
     if args.action == "unwant":
-        state.unmark(state.marker(args.group))
+        with state.locked():
+            state.unmark(state.marker(args.group))
+            state.forget(group=args.group)
         return 0
     slots = args.slot or [None] * len(args.router)
     routers = [Router(url, args.api_key_file, slot) for url, slot in zip(args.router, slots)]

@@ -318,6 +318,19 @@ class State:
         self._write(lambda record: record["slots"].__setitem__(
             slot, {"contract": contract, "converting": converting}))
 
+    def forget(self, group: str | None = None, slot: str | None = None) -> None:
+        """GROUP (or SLOT) leaves the record: what it ran or served, and a lease it held. Its
+        marker is new or gone (a stack created or destroyed on this router port): nothing
+        recorded of an earlier one's may steer this one."""
+        def change(record: dict) -> None:
+            if group is not None:
+                record["groups"].pop(group, None)
+            if slot is not None:
+                record["slots"].pop(f"slot-{slot}", None)
+            record["leases"] = {mode: held for mode, held in record["leases"].items()
+                                if held[0] not in (group, slot)}
+        self._write(change)
+
     # An operator's stop: the node scripts' waits end at once (kimipd up's Ctrl-C).
     def request_stop(self) -> None:
         self._write(lambda record: record.__setitem__("stop", time.time()))

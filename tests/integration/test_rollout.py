@@ -17,6 +17,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from pulumi import automation as auto
@@ -194,43 +195,54 @@ def assert_all_replaced_but_the_doors(before: dict[str, str], after: dict[str, s
         "a container was not replaced"
 
 
-def rollout_record(stack: auto.Stack, sim: SimCluster) -> dict:
+def record_place(stack: auto.Stack) -> tuple[str, str]:
+    """Where the rollout's record is: router.node and its state directory (read from the
+    outputs before an `up`: the state file is not read while an update writes it)."""
     door = stack.outputs()["door"].value
-    answer = sim.ssh(door["node"], f"cat {door['stateDir']}/rollout.json", timeout=30)
+    return door["node"], f"{door['stateDir']}/rollout.json"
+
+
+def rollout_record(sim: SimCluster, place: tuple[str, str]) -> dict:
+    answer = sim.ssh(place[0], f"cat {place[1]}", timeout=30)
     return json.loads(answer.stdout) if answer.returncode == 0 and answer.stdout.strip() else {}
 
 
-def interrupted_up(project: Project, stack: auto.Stack, sim: SimCluster,
+def interrupted_up(project: Project, stack: auto.Stack, sim: SimCluster, log: Path,
                    when) -> tuple[float, dict, str]:
     """`kimipd up --yes` Ctrl-C'd (SIGINT to its process group, as a terminal sends it) once
     WHEN(the rollout's record) holds: seconds from the Ctrl-C to its exit, the record then, and
-    what it printed."""
-    process = subprocess.Popen(
-        [str(REPO / "scripts" / "kimipd"), "-s", SHARED_2P2D, "--cwd", str(project.directory),
-         "up", "--yes"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True, env=os.environ | project.env | {"COLUMNS": "200"})
+    what it printed (into LOG: a pipe nobody reads while it runs could fill and stall it)."""
+    place = record_place(stack)
+    with log.open("w") as output:
+        process = subprocess.Popen(
+            [str(REPO / "scripts" / "kimipd"), "-s", SHARED_2P2D, "--cwd",
+             str(project.directory), "up", "--yes"], stdout=output, stderr=subprocess.STDOUT,
+            text=True, start_new_session=True,
+            env=os.environ | project.env | {"COLUMNS": "200"})
     try:
         deadline = time.monotonic() + 300
         record: dict = {}
         while time.monotonic() < deadline and process.poll() is None:
-            record = rollout_record(stack, sim)
+            record = rollout_record(sim, place)
             if record and when(record):
                 break
             time.sleep(0.5)
         assert process.poll() is None, f"the up ended before the point to stop it: {record}"
         os.killpg(process.pid, signal.SIGINT)
         stopped = time.monotonic()
-        output, _ = process.communicate(timeout=300)
-        return time.monotonic() - stopped, record, output
+        process.wait(300)
+        return time.monotonic() - stopped, record, log.read_text()
     finally:
         if process.poll() is None:
+            # Never leave the shared stack locked for the modules after this one.
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(30)
+            stack.cancel()
 
 
 def slot_contracts(stack: auto.Stack, sim: SimCluster) -> dict[str, set[str]]:
     """Each slot's registrations, as the contracts the record says their groups run."""
-    record = rollout_record(stack, sim)
+    record = rollout_record(sim, record_place(stack))
     by_url = {url: record["groups"].get(group, "unrecorded")
               for group, url in (PREFILL | DECODE).items()}
     found = {}
@@ -259,7 +271,7 @@ def test_a_new_checkpoint_stopped_midway_reconciled_reverted_then_rolled_never_m
         time.sleep(2)
         started = time.monotonic()
         took, record, output = interrupted_up(
-            project, stack, sim,
+            project, stack, sim, tmp_path / "interrupted-up.log",
             lambda record: any(slot.get("converting") for slot in record["slots"].values()))
         figures.append(f"Ctrl-C at phase {record.get('phase')} ({time.monotonic() - started:.0f}s"
                        f" in): the up ended {took:.1f}s later")
@@ -282,8 +294,8 @@ def test_a_new_checkpoint_stopped_midway_reconciled_reverted_then_rolled_never_m
         started = time.monotonic()
         stack.up(on_output=print)
         figures.append(f"reverted: up in {time.monotonic() - started:.0f}s")
-        assert slot_contracts(stack, sim) == {"a": {rollout_record(stack, sim)["target"]},
-                                             "b": {rollout_record(stack, sim)["target"]}}
+        target = rollout_record(sim, record_place(stack))["target"]
+        assert slot_contracts(stack, sim) == {"a": {target}, "b": {target}}
         project.update_stack(SHARED_2P2D, {"model": old_model | {"path": NEW_CHECKPOINT}})
         started = time.monotonic()
         stack.up(on_output=print)
@@ -292,7 +304,7 @@ def test_a_new_checkpoint_stopped_midway_reconciled_reverted_then_rolled_never_m
     with capsys.disabled():  # the run's log keeps the figures (docs/router.md)
         print(f"\n{'; '.join(figures)}")
     assert_one_contract_served(load, watch, "model.path stopped, back, forward", capsys)
-    record = rollout_record(stack, sim)
+    record = rollout_record(sim, record_place(stack))
     assert record["phase"] == "steady", record
     after = container_ids(sim)
     for name in before:
@@ -340,7 +352,7 @@ def test_a_new_image_rolls_the_routers_and_the_groups_in_halves_and_never_mixes(
     unserved = [watch.seen[i] for i in range(len(watch.seen)) if not watch.serving(i)]
     assert not unserved, f"router.node's door answered without a group of each mode: {unserved}"
     assert_all_replaced_but_the_doors(before, container_ids(sim))
-    assert rollout_record(stack, sim)["phase"] == "steady"
+    assert rollout_record(sim, record_place(stack))["phase"] == "steady"
     assert {name: len(contracts) for name, contracts in slot_contracts(stack, sim).items()} \
         == {"a": 1, "b": 1}
     status, listing = workers(AUTHORIZED)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.conftest import asset_script
 from tests.unit.test_serving_contract import GROUPS, Node
 
 # The order the engine runs the halves in (each decode waits for its half of the prefill
@@ -153,3 +154,38 @@ def test_groups_of_one_config_that_resolve_apart_are_never_paired(
     assert node.serving(), node.holds()
     assert node.state.contract("decode-b") == "c0.r1" != node.state.contract("decode-a")
 
+
+
+def test_a_stack_created_where_another_was_stopped_midway_inherits_nothing(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another stack on the same router port, stopped mid-change (a slot out at the door, a
+    lease held) and then removed without its destroy: each group and slot of the new stack
+    is new to the record, so its `want` drops what the record held of that name; `unwant`
+    drops it too."""
+    node = Node(tmp_path, monkeypatch, ["slot-a", "slot-b"], GROUPS)
+    node.want_all("c0")
+    node.drain("prefill-b")
+    node.admit("prefill-b", "c1")
+    node.drain("decode-b")
+    for marker in (tmp_path / "state" / "desired").iterdir():
+        marker.unlink()  # the containers and markers gone, the record left
+    assert node.state.record()["leases"] and node.state.converting("slot-a")
+    slots = asset_script("door-slots.py")
+    for slot in ("a", "b"):
+        monkeypatch.setattr("sys.argv", ["door-slots.py", "want", "--slot", slot,
+                                         "--state-dir", node.state.directory])
+        assert slots.main() == 0
+    for group, mode in GROUPS.items():
+        monkeypatch.setattr("sys.argv", ["router-members.py", "want", "--group", group,
+                                         "--mode", mode, "--url", node.urls[group],
+                                         "--state-dir", node.state.directory])
+        assert node.members.main() == 0
+    record = node.state.record()
+    assert (record["slots"], record["leases"], record["groups"]) == ({}, {}, {}), record
+    monkeypatch.setattr("sys.argv", ["router-members.py", "unwant", "--group", "prefill-a",
+                                     "--mode", "prefill", "--url", node.urls["prefill-a"],
+                                     "--state-dir", node.state.directory])
+    with node.state.locked():
+        node.state.record_contract("prefill-a", "c2")
+    assert node.members.main() == 0
+    assert "prefill-a" not in node.state.record()["groups"]
