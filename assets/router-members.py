@@ -15,10 +15,13 @@ Common: --router URL (loopback; repeated: every slot) --api-key-file F --state-d
 --timeout S --interval S; behind the door, --slot NAME for each --router (the door's server
 name, slot-a) and --door-socket F (router.node's door).
 
-sglang-router 0.3.2's worker API: POST /workers {url, worker_type, bootstrap_port} queues a job
-that probes the worker until healthy; GET /workers lists id, url, worker_type, is_healthy; DELETE
-/workers/{id} stops new requests at once, and requests already sent finish. There is no drain
-flag, so the drain waits for the worker's own count of running requests (SGLang's /get_load).
+smg 1.13.0's worker API: POST /workers {url, worker_type, bootstrap_port, pairing_protocol}
+answers 202 and probes the worker in the background (listed once healthy); GET /workers lists
+id, url, worker_type, is_healthy, status, pairing_protocol; DELETE /workers/{id} stops new
+requests at once (listed `draining` for 5 s more), and requests already sent finish. There is
+no drain flag, so the drain waits for the worker's own count of running requests (SGLang's
+/get_load). Every registration carries its group's contract as the pairing protocol, so the
+router itself never pairs two contracts (router_api.register).
 
 The rollout lease (one-group-at-a-time): a group is removed from the router only while another
 group of its mode is registered and healthy, and only one group per mode is out at a time: its
@@ -45,7 +48,7 @@ other slot serves. Such a slot is set to drain at router.node's door first, its 
 end, and it is set ready again once it holds a prefill and a decode of the new contract. A group
 of the old contract that is registered with no router of its own contract any more serves
 nothing, and drains without a peer. With the door on two nodes the other node's door follows
-the slot's own /readiness (docs/decisions.md).
+the slot's pair check (docs/decisions.md).
 """
 
 from __future__ import annotations
@@ -232,7 +235,7 @@ def convert(args, router: Router, others: list[dict], door: Door | None, state: 
             if (member_url and member_url != url and member_url not in present
                     and out.get(mode) != group and state.contract(group) == contract):
                 register(router, group, member_url, mode,
-                         None if bootstrap == "-" else int(bootstrap))
+                         None if bootstrap == "-" else int(bootstrap), contract)
                 log(f"{group}: registered with {router.slot or router.url} (contract "
                     f"{contract})")
 
@@ -419,7 +422,7 @@ def register_if_one_contract(router: Router, state: State, group: str, url: str,
                    f"holds {', '.join(sorted(w.get('url') or '' for w in others))} of "
                    "another contract"))
             return False
-        register(router, group, url, mode, bootstrap)
+        register(router, group, url, mode, bootstrap, mine)
         if taking is None and state.slot_contract(name) != mine:
             state.serve_contract(name, mine)
     return True

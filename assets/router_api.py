@@ -131,12 +131,19 @@ class Router:
         except ValueError:
             return status, text
 
-    def workers(self) -> list[dict] | None:
-        """GET /workers, or None when the router does not answer it."""
+    def listed(self) -> list[dict] | None:
+        """GET /workers as the router lists them, or None when it does not answer."""
         status, body = self.call("GET", "/workers")
         if status != 200 or not isinstance(body, dict):
             return None
         return list(body.get("workers") or [])
+
+    def workers(self) -> list[dict] | None:
+        """The workers it holds: smg lists a removed one for 5 s more (status `draining`, never
+        picked again), which is gone for everything here but a new registration of its URL."""
+        listed = self.listed()
+        return None if listed is None else [w for w in listed
+                                            if w.get("status") != "draining"]
 
     def unhealthy(self, urls: list[str]) -> list[str]:
         """Of URLS, those not registered and healthy here (all of them if it does not answer)."""
@@ -356,16 +363,55 @@ def registered(workers: list[dict], url: str) -> list[dict]:
     return [w for w in workers if w.get("url") == url]
 
 
-def register(router: Router, group: str, url: str, mode: str, bootstrap: int | None) -> None:
-    """POST /workers: every server requires the router's key (one key for client, router and
-    workers), which the router sends on its health checks, load polls and fan-outs."""
-    body: dict = {"url": url, "worker_type": mode, "api_key": router.key}
+# How long a registration waits for its URL's removed registration to leave (smg: 5 s).
+REGISTRATION_WAIT = 20.0
+
+
+def pairing(worker: dict) -> str | None:
+    return worker.get("pairing_protocol") or worker.get("pd_pairing")
+
+
+def register(router: Router, group: str, url: str, mode: str, bootstrap: int | None,
+             contract: str) -> None:
+    """POST /workers, the group's serving contract as its pairing protocol: smg pairs a prefill
+    and a decode only when theirs match (503 no_compatible_pd_pair otherwise), the second line
+    behind the record's one contract per router. Every server requires the router's key (one
+    key for client, router and workers), which the router sends on its health checks, load
+    polls and fan-outs.
+
+    smg answers 202 and probes the worker in the background (it is listed once healthy); a
+    registration of the URL already there is 409: kept when of this contract (or still being
+    made), else removed first (a group replaced in place by another contract); one removed a
+    moment ago stays 5 s `draining`, and is waited out."""
+    body: dict = {"url": url, "worker_type": mode, "api_key": router.key,
+                  "pairing_protocol": contract}
     if bootstrap is not None:
         body["bootstrap_port"] = bootstrap
-    status, answer = router.call("POST", "/workers", body)
-    if status not in (200, 201, 202, 409):
-        raise fail(f"POST {router.url}/workers for {group} ({url}) answered HTTP {status}: "
-                   f"{answer}")
+    deadline = time.monotonic() + REGISTRATION_WAIT
+    while True:
+        status, answer = router.call("POST", "/workers", body)
+        if status in (200, 201, 202):
+            return
+        code = answer.get("code") if isinstance(answer, dict) else None
+        if status != 409:
+            raise fail(f"POST {router.url}/workers for {group} ({url}) answered HTTP {status}: "
+                       f"{answer}")
+        if code == "WORKER_CREATE_IN_PROGRESS":
+            return
+        there = registered(router.listed() or [], url)
+        if there and all(pairing(w) == contract and w.get("status") != "draining"
+                         for w in there):
+            return
+        for worker in there:
+            if worker.get("status") != "draining":
+                router.call("DELETE", f"/workers/{worker.get('id')}")
+                log(f"{group}: {url} was registered with {router.slot or router.url} as "
+                    f"contract {pairing(worker)}, not {contract}: removed first")
+        if time.monotonic() > deadline:
+            raise fail(f"POST {router.url}/workers for {group} ({url}): its earlier "
+                       f"registration did not leave within {REGISTRATION_WAIT:g}s ({answer})")
+        check_stop(f"registering {group}")
+        time.sleep(0.5)
 
 
 def whole(contract: str, modes: dict[str, str], contracts: dict[str, str]) -> bool:
@@ -448,7 +494,8 @@ def register_missing(router: Router, state: State, quiet: bool = False) -> list[
                 continue
             expected.append(url)
             if url not in registered_urls:
-                register(router, group, url, mode, None if bootstrap == "-" else int(bootstrap))
+                register(router, group, url, mode, None if bootstrap == "-" else int(bootstrap),
+                         serves)
                 log(f"{group}: registration queued ({url})")
     return expected
 

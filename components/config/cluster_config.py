@@ -269,6 +269,8 @@ class ClusterConfig(Model):
             if self.router.kind == "rust":
                 yield PortBinding(node, slot.metrics_port,
                                   f"router.door.slots[{index}].metricsPort")
+                yield PortBinding(node, slot.check_port,
+                                  f"router.door.slots[{index}].pairCheckPort")
 
     def ports_on(self, address: str) -> dict[int, str]:
         """Every port this node's containers bind, in order -> the key that sets it."""

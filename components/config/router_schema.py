@@ -25,6 +25,13 @@ class RouterSlotSpec(Model):
     port: int = Field(ge=1, le=65535)
     # rust only: the slot's Prometheus metrics (smg_*).
     metrics_port: int = Field(ge=1, le=65535)
+    # rust only: what the door checks, beside the router in its process (router-launch.py):
+    # 200 while it holds a healthy prefill and decode of one contract. Unset: port + 100.
+    pair_check_port: int | None = Field(default=None, ge=1, le=65535)
+
+    @property
+    def check_port(self) -> int:
+        return self.pair_check_port if self.pair_check_port is not None else self.port + 100
 
 
 class DoorTlsSpec(Model):
@@ -110,7 +117,7 @@ class DoorSpec(Model):
     image: str
     # HAProxy's own Prometheus exporter (GET /metrics).
     metrics_port: int = Field(default=29100, ge=1, le=65535)
-    # How often the door asks each slot's /readiness (/health for MiniLB); two answers in a row
+    # How often the door asks each slot's pair check (/health for MiniLB); two answers in a row
     # change its state.
     health_check_interval_ms: int = Field(default=500, ge=100, le=60000)
     slots: list[RouterSlotSpec] = Field(
@@ -136,8 +143,10 @@ class DoorSpec(Model):
 class RouterSpec(Model):
     node: str
     # `mini-lb`: SGLang's MiniLB (a fixed worker list, random choice, no retries, no health
-    # checks, no worker API). `rust`: sglang-router's own router, whose worker API lets the
-    # program drain a group before it is replaced and admit it once its gate passes.
+    # checks, no worker API; sglang-router 0.3.2, where it lives). `rust`: smg 1.13.0 (the rust
+    # router's successor to sglang-router), whose worker API lets the program drain a group
+    # before it is replaced, admit it once its gate passes, and pair only groups of one
+    # contract.
     kind: RouterKind = DEFAULT_ROUTER_KIND
     policy: RouterPolicy = "random"
     # rust only; unset: `policy`. Decode round_robin: a retry after a dead decode goes to the
@@ -161,6 +170,13 @@ class RouterSpec(Model):
     # before its containers are replaced anyway; also the router's own shutdown grace when it
     # is replaced.
     drain_timeout_seconds: int = Field(default=600, ge=0)
+    # rust only: requests in flight at the router beyond which it queues, then refuses (429).
+    # 0: no bound, as sglang-router 0.3.2 had (smg's default derives one from the host's cores:
+    # 4096 on 2 cores); the servers queue what they cannot run (--max-running-requests).
+    max_concurrent_requests: int = Field(default=0, ge=0)
+    # rust only: smg leaves a worker out of routing while its waiting queue or KV use is high
+    # (its default). Off: the policy alone picks, as with sglang-router 0.3.2.
+    worker_overload_protection: bool = False
     extra_args: list[str] = []
     # Unset: one router on router.port. Set: the door owns router.port and two router slots
     # serve behind it (router.metricsPort is then unused: each slot has its own).

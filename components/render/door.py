@@ -101,10 +101,19 @@ def slot_server_address(cfg: ClusterConfig, slot: str) -> str:
 
 def slot_check_path(cfg: ClusterConfig | str) -> str:
     """What the door asks a slot (its httpchk), for CFG's router kind (or the kind itself, as
-    `kimipd status` knows it): the rust router's /readiness is 200 once it has a healthy prefill
-    and decode (and needs no key); MiniLB has no readiness, its /health is liveness."""
+    `kimipd status` knows it): beside the rust router, its pair check (on the slot's check
+    port) is 200 while it holds a healthy prefill and decode of one contract (smg's own
+    /readiness ignores pairing); MiniLB has no readiness, its /health is liveness."""
     kind = cfg if isinstance(cfg, str) else cfg.router.kind
-    return "/readiness" if kind == "rust" else "/health"
+    return "/pairs" if kind == "rust" else "/health"
+
+
+def slot_check_url(cfg: ClusterConfig, slot: str) -> str:
+    """Where the door's check of SLOT goes (its pair check beside a rust router, else its
+    own port), at the slot's node."""
+    spec = door_spec(cfg).slot_named()[slot]
+    port = spec.check_port if cfg.router.kind == "rust" else spec.port
+    return f"http://{cfg.slot_node(slot)}:{port}{slot_check_path(cfg)}"
 
 
 def door_haproxy_config(cfg: ClusterConfig) -> str:
@@ -174,7 +183,10 @@ def door_haproxy_config(cfg: ClusterConfig) -> str:
         "fall 2 rise 2",
     ]
     for slot in SLOT_NAMES:
-        lines.append(f"    server {slot_server(slot)} {slot_server_address(cfg, slot)} check")
+        check = "check"
+        if router.kind == "rust":
+            check += f" port {door.slot_named()[slot].check_port}"
+        lines.append(f"    server {slot_server(slot)} {slot_server_address(cfg, slot)} {check}")
     return "\n".join(lines) + "\n"
 
 

@@ -11,12 +11,23 @@ from .layout import ROUTER, ROUTER_LAUNCH_SCRIPT, SMOKE_TEST_SCRIPT, router_stat
 from .node_files import launch_wrapper
 from .sglang import group_endpoint
 
-ROUTER_MODULE = ["python3", "-m", "sglang_router.launch_router"]
+# MiniLB lives in sglang-router 0.3.2 only; the rust router is smg (components/versions.py).
+MINI_LB_MODULE = ["python3", "-m", "sglang_router.launch_router"]
+RUST_ROUTER_MODULE = ["python3", "-m", "smg.launch_router"]
+# smg's HTTP connection bounds, set rather than inherited: a request head within 30 s, a
+# keep-alive connection closed after 90 s idle. The door's own idle connections to a slot are
+# purged after 5 s (HAProxy's pool-purge-delay), well inside them.
+RUST_CONNECTION_TIMEOUTS = ["--header-read-timeout-secs", "30",
+                            "--idle-connection-timeout-secs", "90"]
+
+
+def router_module(cfg: ClusterConfig) -> list[str]:
+    return MINI_LB_MODULE if cfg.router.kind == "mini-lb" else RUST_ROUTER_MODULE
 
 
 def router_command(cfg: ClusterConfig, slot: str | None = None) -> list[str]:
-    """`python3 -m sglang_router.launch_router ...` as sglang-router 0.3.2 parses it; SLOT: one of
-    the door's two routers, on its own ports.
+    """The router's argv as its release parses it: MiniLB's (sglang-router 0.3.2), the rust
+    router's (smg 1.13.0); SLOT: one of the door's two routers, on its own ports.
 
     MiniLB has a fixed worker list, so every group is on it. The rust router starts with none:
     each group's Membership admits it through the worker API once the group's gate passes, and
@@ -27,7 +38,7 @@ def router_command(cfg: ClusterConfig, slot: str | None = None) -> list[str]:
     if slot is not None:
         spec = door_spec(cfg).slot_named()[slot]
         port, metrics_port = spec.port, spec.metrics_port
-    args = [*ROUTER_MODULE, "--pd-disaggregation"]
+    args = [*router_module(cfg), "--pd-disaggregation"]
     if router.kind == "mini-lb":
         args.append("--mini-lb")
         for group in cfg.groups_in_mode("prefill").values():
@@ -50,7 +61,14 @@ def router_command(cfg: ClusterConfig, slot: str | None = None) -> list[str]:
             # On SIGTERM (its container replaced) it stops accepting and lets the requests it has
             # finish for this long; docker waits as long before killing it (Router).
             "--shutdown-grace-period-secs", str(router.drain_timeout_seconds),
+            # A registration whose worker does not answer yet is probed again this often (smg's
+            # default, 30 s, admits a group up to 30 s after its gate passed).
+            "--worker-startup-check-interval", "1",
+            "--max-concurrent-requests", str(router.max_concurrent_requests),
+            *RUST_CONNECTION_TIMEOUTS,
         ]
+        if not router.worker_overload_protection:
+            args.append("--disable-worker-overload-protection")
     args += ["--host", router.host, "--port", str(port)]
     return args + list(router.extra_args)
 
@@ -92,9 +110,12 @@ def router_container_command(cfg: ClusterConfig, slot: str | None = None) -> lis
     parser), never on a command line that `ps` and `docker inspect` show."""
     if cfg.router.kind == "mini-lb":
         return launch_wrapper(cfg) + router_command(cfg, slot)
+    # A slot behind the door gets its pair check beside it (the door's health check).
+    check = ([] if slot is None else
+             ["--pair-check-port", str(door_spec(cfg).slot_named()[slot].check_port)])
     return launch_wrapper(cfg) + ["python3", ROUTER_LAUNCH_SCRIPT, "--api-key-file",
-                                  router_api_key_file(cfg), "--",
-                                  *router_command(cfg, slot)[len(ROUTER_MODULE):]]
+                                  router_api_key_file(cfg), *check, "--",
+                                  *router_command(cfg, slot)[len(RUST_ROUTER_MODULE):]]
 
 
 def router_plan(cfg: ClusterConfig, slot: str | None = None) -> ContainerPlan:

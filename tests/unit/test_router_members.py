@@ -83,13 +83,17 @@ class Cluster:
                                     SGLANG_STANDIN_LOAD_SECONDS="0", **env))
         self.urls[name] = f"http://127.0.0.1:{port}"
 
-    def start_router(self, python: Path, port: int | None = None, name: str = "router") -> str:
-        """A real router on PORT (a free one unless said); the first one is self.router."""
+    def start_router(self, python: Path, port: int | None = None, name: str = "router",
+                     check_port: int | None = None) -> str:
+        """A real router on PORT (a free one unless said), with its pair check on CHECK_PORT
+        if given; the first one is self.router."""
         port = port or free_port()
         url = f"http://127.0.0.1:{port}"
         self.router = self.router or url
+        check = [] if check_port is None else ["--pair-check-port", str(check_port)]
         self.start(name, [str(python), str(REPO / "assets" / "router-launch.py"),
-                              "--api-key-file", str(self.key_file), "--", "--pd-disaggregation",
+                              "--api-key-file", str(self.key_file), *check, "--",
+                              "--pd-disaggregation",
                               "--policy", "round_robin", "--host", "127.0.0.1", "--port",
                               str(port), "--prometheus-port", str(free_port())],
                    dict(os.environ, HF_HUB_OFFLINE="1", HF_ENDPOINT="http://127.0.0.1:9",
@@ -348,3 +352,66 @@ def test_without_the_door_a_new_contract_empties_the_router_of_the_old_one(
     drained = cluster.members("drain", "decode-a", "--drain-timeout", "5", timeout=5)
     assert drained.returncode == 0, drained.stderr
     assert cluster.healthy() == {"prefill-a", "decode-b"}
+
+
+def post(url: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Authorization": f"Bearer {KEY}",
+                                              "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"{}")
+
+
+def test_the_router_itself_refuses_a_prefill_and_a_decode_of_two_contracts(
+        cluster: Cluster) -> None:
+    """The second line behind the record: registrations carry their group's contract as smg's
+    pairing protocol. A prefill of one and a decode of another (as an actor that bypassed the
+    record would leave them) get no request: smg answers 503 no_compatible_pd_pair and the slot's
+    pair check, what the door asks, is 503 though smg's own /readiness is 200."""
+    python = Path(os.environ["KIMIPD_REAL_SGLANG_VENV"]) / "bin" / "python"
+    port, check_port = free_port(), free_port()
+    router = cluster.start_router(python, port, "router-paired", check_port=check_port)
+    sys.path.insert(0, str(REPO / "assets"))
+    try:
+        from router_api import Router, register  # the scripts' own registration
+        slot = Router(router, str(cluster.key_file))
+        register(slot, "prefill-a", cluster.urls["prefill-a"], "prefill",
+                 int(cluster.bootstrap["prefill-a"]), "contract-x")
+        register(slot, "decode-a", cluster.urls["decode-a"], "decode", None, "contract-y")
+        wait_until(lambda: cluster.healthy(router) == {"prefill-a", "decode-a"}, 30,
+                   "both registered and healthy")
+        listed = {w["url"]: w["pairing_protocol"] for w in slot.workers() or []}
+        assert listed == {cluster.urls["prefill-a"]: "contract-x",
+                          cluster.urls["decode-a"]: "contract-y"}
+        assert answers(router + "/readiness") == 200  # smg's own check ignores pairing
+        assert answers(f"http://127.0.0.1:{check_port}/pairs") == 503
+        status, body = post(router + "/generate", {"text": "hello",
+                                                   "sampling_params": {"max_new_tokens": 2}})
+        assert status == 503, body
+        assert body["error"]["code"] == "no_compatible_pd_pair", body
+        # A decode of the prefill's contract: paired, and the pair check lets the door send.
+        register(slot, "decode-b", cluster.urls["decode-b"], "decode", None, "contract-x")
+        wait_until(lambda: answers(f"http://127.0.0.1:{check_port}/pairs") == 200, 30,
+                   "the pair check sees contract-x whole")
+        for _ in range(4):
+            status, body = post(router + "/generate", {"text": "hello",
+                                                       "sampling_params": {"max_new_tokens": 2}})
+            assert status == 200, body
+            assert not body["meta_info"].get("kv_contract_mismatch"), body
+        # The group replaced in place by another contract: its registration is renewed.
+        register(slot, "decode-a", cluster.urls["decode-a"], "decode", None, "contract-x")
+        wait_until(lambda: {w["url"]: w["pairing_protocol"] for w in slot.workers() or []}
+                   .get(cluster.urls["decode-a"]) == "contract-x", 30,
+                   "decode-a registered again as contract-x")
+    finally:
+        sys.path.remove(str(REPO / "assets"))
+        paired = cluster.by_name["router-paired"]
+        paired.terminate()
+        try:
+            paired.wait(15)
+        except subprocess.TimeoutExpired:
+            paired.kill()
+            paired.wait(10)
