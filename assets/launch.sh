@@ -6,7 +6,8 @@
 # directly.
 #
 # usage: launch.sh [--wheel FILE]... [--mooncake-wheel FILE] [--patch FILE]...
-#                  [--require-mooncake MIN_VERSION] -- COMMAND [ARG]...
+#                  [--require-mooncake MIN_VERSION] [--require-module MODULE "WHY"]...
+#                  -- COMMAND [ARG]...
 set -euo pipefail
 
 here=$(dirname "${BASH_SOURCE[0]}")
@@ -14,12 +15,14 @@ wheels=()
 patches=()
 mooncake_wheel=""
 require_mooncake=""
+required_modules=()
 while (($# > 0)); do
   case "$1" in
     --wheel) wheels+=("$2"); shift 2 ;;
     --mooncake-wheel) mooncake_wheel="$2"; wheels+=("$2"); shift 2 ;;
     --patch) patches+=("$2"); shift 2 ;;
     --require-mooncake) require_mooncake="$2"; shift 2 ;;
+    --require-module) required_modules+=("$2" "$3"); shift 3 ;;
     --) shift; break ;;
     *) echo "launch.sh: unknown option '$1'" >&2; exit 2 ;;
   esac
@@ -46,6 +49,14 @@ done
 if [[ -n "${require_mooncake}" ]]; then
   python3 "${here}/mooncake-check.py" verify "${require_mooncake}"
 fi
+for ((i = 0; i < ${#required_modules[@]}; i += 2)); do
+  module=${required_modules[i]}
+  if ! python3 -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec(sys.argv[1]) is None)' \
+      "${module}" 2>/dev/null; then
+    echo "launch.sh: Python cannot import ${module}, which ${required_modules[i + 1]}" >&2
+    exit 1
+  fi
+done
 
 if [[ "$1" == mooncake_master ]]; then
   # The wheel's `mooncake_master` console script runs the binary as a child

@@ -62,6 +62,7 @@ on the node; run \`pulumi up\` again to copy it afresh"
       launch_args+=("$1" "${inside}/files/$(basename "$2")")
       shift 2 ;;
     --require-mooncake) launch_args+=("$1" "$2"); shift 2 ;;
+    --require-module) launch_args+=("$1" "$2" "$3"); shift 3 ;;
     *) fail "unknown launch.sh option '$1'" ;;
   esac
 done

@@ -135,5 +135,8 @@ def sglang_table() -> CliTable:
     return load_table("sglang", versions.SGLANG)
 
 
-def router_table() -> CliTable:
-    return load_table("sglang-router", versions.SGLANG_ROUTER)
+def router_table(kind: str = "rust") -> CliTable:
+    """The router's table: smg's for the rust router, sglang-router's for MiniLB."""
+    if kind == "mini-lb":
+        return load_table("sglang-router", versions.SGLANG_ROUTER)
+    return load_table("smg", versions.SMG)

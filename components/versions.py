@@ -8,7 +8,11 @@ in docs/decisions.md under "Upstream facts".
 """
 
 SGLANG = "0.5.19"
+# MiniLB (router.kind mini-lb) lives in sglang-router; 0.3.2 was its last release.
 SGLANG_ROUTER = "0.3.2"
+# The rust router (router.kind rust): smg, sglang-router's successor, which pairs a prefill and a
+# decode only when their registrations' pairing protocols match (docs/router.md).
+SMG = "1.13.0"
 
 # Mooncake PR #2035 (dmabuf registration at the allocation base) first shipped in 0.3.12.post1;
 # the image's 0.3.11.post1 fails GDR registration on this hardware.

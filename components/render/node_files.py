@@ -23,7 +23,13 @@ def node_file_install_args(cfg: ClusterConfig, *, mooncake_only: bool = False) -
     for node_file in cfg.node_files:
         if node_file.is_patch and not mooncake_only:
             args += ["--patch", node_file.destination]
-    return args + ["--require-mooncake", versions.MOONCAKE_MIN]
+    args += ["--require-mooncake", versions.MOONCAKE_MIN]
+    if cfg.router.kind == "rust" and not mooncake_only:
+        # Proven while the prepared image is built, before any container changes.
+        args += ["--require-module", "smg.launch_router",
+                 f"router.kind rust runs (smg {versions.SMG}): add smg's wheel to nodeFiles "
+                 "(pip download smg==" + versions.SMG + " --no-deps; docs/router.md)"]
+    return args
 
 
 def launch_wrapper(cfg: ClusterConfig, *, mooncake_only: bool = False) -> list[str]:

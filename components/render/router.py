@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
+from .. import versions
 from ..config import ClusterConfig
 from .container_plan import ContainerPlan, container_plan
 from .door import door_ca_file, door_spec, door_url, slot_role
@@ -21,8 +23,19 @@ RUST_CONNECTION_TIMEOUTS = ["--header-read-timeout-secs", "30",
                             "--idle-connection-timeout-secs", "90"]
 
 
+# On every router container: which release runs it, so that `pulumi preview --diff` names a move
+# between them (sglang-router 0.3.2 -> smg 1.13.0) on the router's own line.
+ROUTER_RELEASE_LABEL = "kimipd.router-release"
+
+
 def router_module(cfg: ClusterConfig) -> list[str]:
     return MINI_LB_MODULE if cfg.router.kind == "mini-lb" else RUST_ROUTER_MODULE
+
+
+def router_release(cfg: ClusterConfig) -> str:
+    if cfg.router.kind == "mini-lb":
+        return f"sglang-router=={versions.SGLANG_ROUTER} (MiniLB)"
+    return f"smg=={versions.SMG}"
 
 
 def router_command(cfg: ClusterConfig, slot: str | None = None) -> list[str]:
@@ -125,8 +138,10 @@ def router_plan(cfg: ClusterConfig, slot: str | None = None) -> ContainerPlan:
     node = cfg.router.node if slot is None else cfg.slot_node(slot)
     health = (router_url(cfg) if slot is None
               else f"http://{node}:{door_spec(cfg).slot_named()[slot].port}")
-    return container_plan(cfg, role, node, router_container_command(cfg, slot),
+    plan = container_plan(cfg, role, node, router_container_command(cfg, slot),
                           dict(cfg.container.env), health + "/health", gpu_workload=False)
+    return dataclasses.replace(plan, labels=plan.labels | {ROUTER_RELEASE_LABEL:
+                                                           router_release(cfg)})
 
 
 def write_api_key_command(cfg: ClusterConfig) -> str:

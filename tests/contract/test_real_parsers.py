@@ -28,7 +28,7 @@ from components.render import router_command, sglang_launch_args, worker_key_yam
 from tests.conftest import REPO, STACK_FILES, stack_values
 
 UPSTREAM = REPO / "sim" / "standin" / "sglang_standin" / "upstream.py"
-LAUNCHER_WORDS = 3  # `python3 -m sglang.launch_server` / `python3 -m sglang_router.launch_router`
+LAUNCHER_WORDS = 3  # `python3 -m sglang.launch_server` / `python3 -m smg.launch_router`
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,9 @@ def rendered_requests(cfg: ClusterConfig) -> list[dict[str, Any]]:
     requests = [{"kind": "server", "argv": server_argv(cfg, name, rank),
                  "group": name, "rank": rank}
                 for name, group in cfg.groups.items() for rank in range(len(group.nodes))]
-    requests.append({"kind": "router", "argv": router_command(cfg)[LAUNCHER_WORDS:]})
+    # MiniLB is sglang-router's; the rust router is smg's.
+    requests.append({"kind": "router" if cfg.router.kind == "mini-lb" else "smg",
+                     "argv": router_command(cfg)[LAUNCHER_WORDS:]})
     return requests
 
 
@@ -131,10 +133,10 @@ def expected_server_values(cfg: ClusterConfig, name: str, rank: int) -> dict[str
 
 def expected_router_values(cfg: ClusterConfig) -> dict[str, Any]:
     router = cfg.router
-    common = {"pd_disaggregation": True, "mini_lb": router.kind == "mini-lb",
-              "host": router.host, "port": router.port}
+    common = {"pd_disaggregation": True, "host": router.host, "port": router.port}
     if router.kind == "mini-lb":
         return common | {
+            "mini_lb": True,
             "prefill": [[f"http://{g.rank0}:{g.http_port}", str(g.bootstrap_port)]
                         for g in cfg.groups_in_mode("prefill").values()],
             "decode": [[f"http://{g.rank0}:{g.http_port}"]
@@ -153,6 +155,12 @@ def expected_router_values(cfg: ClusterConfig) -> dict[str, Any]:
         "prometheus_port": router.metrics_port,
         "prometheus_host": "0.0.0.0",
         "shutdown_grace_period_secs": router.drain_timeout_seconds,
+        # smg's changed defaults, set on purpose (components/render/router.py)
+        "worker_startup_check_interval": 1,
+        "max_concurrent_requests": router.max_concurrent_requests,
+        "header_read_timeout_secs": 30,
+        "idle_connection_timeout_secs": 90,
+        "disable_worker_overload_protection": not router.worker_overload_protection,
     }
 
 
@@ -165,7 +173,8 @@ def test_every_rendered_argv_parses_to_the_models_values(real_python: Path, stac
                  f"{' '.join(request['argv'])}")
         assert answer["ok"], f"{where}\n  refused: {answer['error']}"
         assert answer["versions"] == {"sglang": versions.SGLANG,
-                                      "sglang-router": versions.SGLANG_ROUTER}
+                                      "sglang-router": versions.SGLANG_ROUTER,
+                                      "smg": versions.SMG}
         if request["kind"] == "server":
             expected = expected_server_values(cfg, request["group"], request["rank"])
         else:
@@ -198,7 +207,8 @@ def test_a_wrong_flag_or_value_fails_the_contract(real_python: Path) -> None:
 
 def test_option_tables_match_the_real_parsers(real_python: Path) -> None:
     """components/cli_tables/ (what preview validates extraArgs with) is the real parsers' own."""
-    for table, flag in ((sglang_table(), []), (router_table(), ["--router"])):
+    for table, flag in ((sglang_table(), []), (router_table("mini-lb"), ["--router"]),
+                        (router_table("rust"), ["--smg"])):
         dump = real_options(real_python, flag)
         real = {tuple(o["options"]): o for o in dump["options"]}
         committed = {option.options: option for option in table.options}
@@ -220,7 +230,7 @@ def test_lean_imports_change_nothing_the_parser_does(real_python: Path) -> None:
     With them imported for real (`full`), SGLang's option table and its verdict on every argv
     here, the broken ones included, must be the same.
     """
-    for flag in ([], ["--router"]):
+    for flag in ([], ["--router"], ["--smg"]):
         assert real_options(real_python, flag, "lean") == real_options(real_python, flag, "full")
     requests = [request for cfg in STACKS.values() for request in rendered_requests(cfg)]
     requests += [{"kind": "server", "argv": ["--model-path", "/m", *extra]}

@@ -37,10 +37,13 @@ def test_the_door_owns_router_port_and_each_slot_has_its_own_ports(pro6000: dict
     cfg = load_cluster_config(pro6000)
     haproxy = door_haproxy_config(cfg).splitlines()
     assert "    bind 0.0.0.0:31000" in haproxy
-    assert "    server slot-a 127.0.0.1:31001 check" in haproxy
-    assert "    server slot-b 127.0.0.1:31002 check" in haproxy
-    # The rust router's readiness (a healthy prefill and decode), not its liveness.
-    assert "    option httpchk GET /readiness" in haproxy
+    # Each slot's pair check beside its router (a healthy prefill and decode of one contract),
+    # not smg's /readiness, which ignores pairing, nor its liveness.
+    assert "    server slot-a 127.0.0.1:31001 check port 31101" in haproxy
+    assert "    server slot-b 127.0.0.1:31002 check port 31102" in haproxy
+    assert "    option httpchk GET /pairs" in haproxy
+    launch = router_plan(cfg, "b").command
+    assert launch[launch.index("--pair-check-port") + 1] == "31102"
     argv = router_command(cfg, "b")
     assert argv[argv.index("--port") + 1] == "31002"
     assert argv[argv.index("--prometheus-port") + 1] == "29002"

@@ -41,8 +41,8 @@ def test_slot_a_stays_on_router_node_and_slot_b_moves_to_the_other(cfg: ClusterC
 
 def test_each_door_sends_to_both_slots_at_their_nodes(cfg: ClusterConfig) -> None:
     haproxy = door_haproxy_config(cfg).splitlines()
-    assert "    server slot-a 174.1.60.5:31001 check" in haproxy
-    assert "    server slot-b 174.1.60.6:31002 check" in haproxy
+    assert "    server slot-a 174.1.60.5:31001 check port 31101" in haproxy
+    assert "    server slot-b 174.1.60.6:31002 check port 31102" in haproxy
     assert not [line for line in haproxy if "127.0.0.1" in line]
 
 
@@ -105,7 +105,7 @@ def test_with_the_other_door_node_out_router_node_carries_the_door_alone(pro6000
     # Slot b stands in on router.node, at its own ports: the door keeps two slots.
     assert (out.slot_node("a"), out.slot_node("b")) == (ROUTER_NODE, ROUTER_NODE)
     assert router_plan(out, "b").node == ROUTER_NODE
-    assert "    server slot-b 174.1.60.5:31002 check" in door_haproxy_config(out).splitlines()
+    assert "    server slot-b 174.1.60.5:31002 check port 31102" in door_haproxy_config(out).splitlines()
     assert "--router http://127.0.0.1:31002" in restore_command(out, "b")
     assert {31001, 31002} <= set(out.ports_on(ROUTER_NODE))
     assert out.roles_of(ROUTER_NODE)[-4:] == ["door", "router-a", "router-b", "keepalived"]

@@ -355,6 +355,18 @@ def test_launch_installs_wheels_applies_patches_then_execs(tmp_path: Path) -> No
     assert result.stdout.splitlines()[-1] == "running 0.3.12.post1"
 
 
+def test_launch_refuses_an_image_without_a_required_module_and_says_why() -> None:
+    """The rust router's release (smg) is proven where the node files are installed: a prepared
+    image without it fails to build, before any container changes."""
+    missing = bash("launch.sh", "--require-module", "kimipd_no_such_module",
+                   "router.kind rust runs: add its wheel to nodeFiles", "--", "true")
+    assert missing.returncode == 1
+    assert ("Python cannot import kimipd_no_such_module, which router.kind rust runs: add its "
+            "wheel to nodeFiles") in missing.stderr
+    present = bash("launch.sh", "--require-module", "json", "any", "--", "true")
+    assert present.returncode == 0, present.stderr
+
+
 def test_launch_refuses_an_unknown_option() -> None:
     result = bash("launch.sh", "--wheels", "x.whl", "--", "true")
     assert result.returncode == 2 and "unknown option '--wheels'" in result.stderr

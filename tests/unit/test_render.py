@@ -34,8 +34,14 @@ INSTALL_AT_START = [
     "--wheel", "/tmp/flash_kda-0.0.1-cp312-cp312-linux_x86_64.whl",
     "--mooncake-wheel", "/data/flashkda_deploy/wheels/"
                "mooncake_transfer_engine_cuda13-0.3.12.post1-cp312-cp312-manylinux_2_28_x86_64.whl",
+    "--wheel", "/data/flashkda_deploy/wheels/"
+               "smg-1.13.0-cp38-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
     "--patch", "/tmp/patch_k3_sm120.py",
     "--require-mooncake", "0.3.12.post1",
+    # the rust router's release, proven where the node files are installed
+    "--require-module", "smg.launch_router",
+    "router.kind rust runs (smg 1.13.0): add smg's wheel to nodeFiles (pip download "
+    "smg==1.13.0 --no-deps; docs/router.md)",
     "--",
 ]
 
@@ -232,11 +238,13 @@ def test_preflight_ports_are_every_port_the_node_binds(pro6000: dict) -> None:
     assert preflight_flag(config, "174.1.60.5", "--ports").split(",") == [
         *(entry.replace("prefill", "decode") for entry in dist_init),
         "29001=router.door.slots[0].metricsPort", "29100=router.door.metricsPort",
-        "30000=groups.decode.httpPort", "31000=router.port", "31001=router.door.slots[0].port"]
+        "30000=groups.decode.httpPort", "31000=router.port", "31001=router.door.slots[0].port",
+        "31101=router.door.slots[0].pairCheckPort"]
     # decode rank 2 + the other door and slot b.
     assert preflight_flag(config, "174.1.60.7", "--ports").split(",") == [
         "29002=router.door.slots[1].metricsPort", "29100=router.door.metricsPort",
-        "30000=groups.decode.httpPort", "31000=router.port", "31002=router.door.slots[1].port"]
+        "30000=groups.decode.httpPort", "31000=router.port", "31002=router.door.slots[1].port",
+        "31102=router.door.slots[1].pairCheckPort"]
     # A rank >= 1 binds --port too (SGLang's dummy health server).
     assert preflight_flag(config, "174.1.60.8", "--ports") == "30000=groups.decode.httpPort"
     # The door on router.node alone: both slots there.
@@ -244,7 +252,8 @@ def test_preflight_ports_are_every_port_the_node_binds(pro6000: dict) -> None:
     assert preflight_flag(load_cluster_config(pro6000), "174.1.60.5", "--ports").split(",")[8:] == [
         "29001=router.door.slots[0].metricsPort", "29002=router.door.slots[1].metricsPort",
         "29100=router.door.metricsPort", "30000=groups.decode.httpPort", "31000=router.port",
-        "31001=router.door.slots[0].port", "31002=router.door.slots[1].port"]
+        "31001=router.door.slots[0].port", "31002=router.door.slots[1].port",
+        "31101=router.door.slots[0].pairCheckPort", "31102=router.door.slots[1].pairCheckPort"]
 
 
 def test_preflight_model_is_checked_through_the_volume_that_mounts_it(pro6000: dict) -> None:
@@ -272,7 +281,8 @@ def test_preflight_checks_only_rank_nodes_for_the_model_and_devices(pro6000: dic
     assert preflight_flag(config, "174.1.60.9", "--ports") == (
         "29001=router.door.slots[0].metricsPort,29002=router.door.slots[1].metricsPort,"
         "29100=router.door.metricsPort,31000=router.port,31001=router.door.slots[0].port,"
-        "31002=router.door.slots[1].port")
+        "31002=router.door.slots[1].port,31101=router.door.slots[0].pairCheckPort,"
+        "31102=router.door.slots[1].pairCheckPort")
 
 
 def test_preflight_checks_can_be_turned_off(pro6000: dict) -> None:

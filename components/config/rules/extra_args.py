@@ -79,8 +79,8 @@ def extra_args_parse(cfg: ClusterConfig) -> Iterable[str]:
                    for dest, setter in MANAGED_SGLANG_FLAGS.items()}
         yield from _extra_args_problems(f"groups.{name}.extraArgs", group.extra_args,
                                         sglang_table(), managed)
-    yield from _extra_args_problems("router.extraArgs", cfg.router.extra_args, router_table(),
-                                    MANAGED_ROUTER_FLAGS)
+    yield from _extra_args_problems("router.extraArgs", cfg.router.extra_args,
+                                    router_table(cfg.router.kind), MANAGED_ROUTER_FLAGS)
 
 
 def tokenizer_workers_with_keys(cfg: ClusterConfig) -> Iterable[str]:

@@ -1,4 +1,4 @@
-"""The real SGLang and sglang-router command-line parsers, runnable without a GPU.
+"""The real SGLang, sglang-router and smg command-line parsers, runnable without a GPU.
 
 `sglang.srt.server_args` builds SGLang's parser (`ServerArgs.add_cli_args`: ~520 option strings,
 choices, aliases, argparse's prefix abbreviations), but importing it pulls in torch, triton and a
@@ -13,9 +13,11 @@ Two users:
 
 This file also runs as a script, by path, in an interpreter whose `sys.path` holds the real
 `sglang` package (the stand-in's own `sglang` shim must not shadow it, hence "by path"):
-  python3 upstream.py options [--router]          the parser's option table, as JSON
-  python3 upstream.py parse [--router] -- ARG...  one argv -> {"ok", "exit", "values", "error", ...}
-  python3 upstream.py parse-many                  stdin: [{"kind": "server"|"router", "argv": [...]}]
+  python3 upstream.py options [--router|--smg]    the parser's option table, as JSON
+  python3 upstream.py parse [--router|--smg] -- ARG...
+                                                  one argv -> {"ok", "exit", "values", "error", ...}
+  python3 upstream.py parse-many                  stdin: [{"kind": "server"|"router"|"smg",
+                                                  "argv": [...]}]
   python3 upstream.py page-size                   stdin: [{dest: value}] -> the resolved page sizes
 Stdlib only.
 """
@@ -214,11 +216,15 @@ def server_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def router_parser() -> argparse.ArgumentParser:
-    """sglang-router's parser, built as `sglang_router.launch_router.parse_router_args` does."""
-    from sglang_router.router_args import RouterArgs
+def router_parser(release: str = "sglang-router") -> argparse.ArgumentParser:
+    """A router's parser, built as its `launch_router.parse_router_args` does: sglang-router's
+    (MiniLB lives there) or smg's (the rust router)."""
+    if release == "smg":
+        from smg.router_args import RouterArgs
+    else:
+        from sglang_router.router_args import RouterArgs  # type: ignore[no-redef]
 
-    parser = argparse.ArgumentParser(prog="sglang_router.launch_router")
+    parser = argparse.ArgumentParser(prog=f"{release.replace('-', '_')}.launch_router")
     RouterArgs.add_cli_args(parser, use_router_prefix=False)
     return parser
 
@@ -227,7 +233,7 @@ def versions() -> Dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     found = {}
-    for dist in ("sglang", "sglang-router"):
+    for dist in ("sglang", "sglang-router", "smg"):
         try:
             found[dist] = version(dist)
         except PackageNotFoundError:
@@ -264,7 +270,7 @@ def option_table(parser: argparse.ArgumentParser) -> List[Dict[str, Any]]:
     return sorted(table, key=lambda option: option["options"][0])
 
 
-def parse(argv: List[str], router: bool = False) -> Dict[str, Any]:
+def parse(argv: List[str], router: str = "") -> Dict[str, Any]:
     """Parse with the real parser; argparse's exit (status 2) becomes {"ok": False, "error"}.
 
     A server argv with `--config FILE` is first merged with the file by SGLang's own
@@ -272,7 +278,7 @@ def parse(argv: List[str], router: bool = False) -> Dict[str, Any]:
     traceback, exit 1) becomes {"ok": False, "exit": 1, "error"}. No error carries the value of
     --api-key or --admin-api-key.
     """
-    parser = router_parser() if router else server_parser()
+    parser = router_parser(router) if router else server_parser()
     if not router and "--config" in argv:
         from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
 
@@ -353,11 +359,12 @@ def parse_with_real_sglang(argv: List[str]) -> Optional[RealParse]:
 def main(argv: Optional[List[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     command = args.pop(0) if args else ""
-    router = "--router" in args[:1]
+    # --router: sglang-router's parser (MiniLB); --smg: smg's (the rust router).
+    router = {"--router": "sglang-router", "--smg": "smg"}.get(args[0] if args else "", "")
     if router:
         args.pop(0)
     if command == "options":
-        parser = router_parser() if router else server_parser()
+        parser = router_parser(router) if router else server_parser()
         print(json.dumps({"versions": versions(), "options": option_table(parser)}, indent=1))
     elif command == "parse":
         if args[:1] == ["--"]:
@@ -365,7 +372,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(json.dumps(parse(args, router=router)))
     elif command == "parse-many":
         requests = json.load(sys.stdin)
-        print(json.dumps([parse(item["argv"], router=item["kind"] == "router")
+        releases = {"router": "sglang-router", "smg": "smg"}
+        print(json.dumps([parse(item["argv"], router=releases.get(item["kind"], ""))
                           for item in requests]))
     elif command == "page-size":
         print(json.dumps([resolved_page_size(item) for item in json.load(sys.stdin)]))

@@ -44,6 +44,18 @@ needs_router = pytest.mark.skipif(
     not HAVE_ROUTER,
     reason="sglang_router is not importable: pip install sglang-router==0.3.2 to run the real-router tests",
 )
+# The rust router is smg 1.13.0 (sglang-router's successor; MiniLB stayed in sglang-router). Its
+# dependencies want a newer protobuf than Pulumi's SDK takes, so it lives in the real-parsers
+# venv (scripts/setup-real-sglang), which scripts/test exports; else this interpreter's.
+SMG_PYTHON = (os.path.join(os.environ["KIMIPD_REAL_SGLANG_VENV"], "bin", "python")
+              if os.environ.get("KIMIPD_REAL_SGLANG_VENV") else sys.executable)
+HAVE_SMG = subprocess.run([SMG_PYTHON, "-c", "import smg.launch_router"],
+                          capture_output=True, check=False).returncode == 0
+needs_smg = pytest.mark.skipif(
+    not HAVE_SMG,
+    reason=f"smg is not importable by {SMG_PYTHON}: pip install smg==1.13.0 there, or export "
+           "KIMIPD_REAL_SGLANG_VENV=$(scripts/setup-real-sglang), to run the rust router's tests",
+)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -825,8 +837,13 @@ KV_LOG_SECONDS = 10
 
 
 def start_router(launcher, pg, dg, extra: List[str]) -> Tuple[Proc, str]:
+    """MiniLB (--mini-lb, sglang-router 0.3.2) or the rust router (smg)."""
     port = free_port()
-    argv = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
+    if "--mini-lb" in extra:
+        module = [sys.executable, "-m", "sglang_router.launch_router"]
+    else:
+        module = [SMG_PYTHON, "-m", "smg.launch_router"]
+    argv = [*module, "--pd-disaggregation",
             "--prefill", pg["url"], str(pg["boot"]), "--decode", dg["url"],
             "--host", HOST, "--port", str(port)] + extra
     return launcher.start("router", argv, router_env()), f"http://{HOST}:{port}"
@@ -908,7 +925,7 @@ def test_kv_of_another_contract_is_counted_and_marked_by_decode(launcher):
     assert contract_mismatches(pg) == 0
 
 
-@needs_router
+@needs_smg
 def test_router_rust_random_policy_end_to_end(pd_groups):
     launcher, pg, dg = pd_groups
     router, url = start_router(launcher, pg, dg, ["--policy", "random"])
@@ -923,7 +940,7 @@ def test_router_rust_random_policy_end_to_end(pd_groups):
     assert '"GET /health" 200' in p0 and "GET /server_info" in p0 and "GET /model_info" in p0
 
 
-@needs_router
+@needs_smg
 def test_router_rust_waits_for_workers_that_are_still_loading(launcher):
     # The workers load for 30 s, the router binds at once (under 2 s on an idle machine; once
     # more than 20 s beside the CLI's Go build and the sim's): what is asserted is an order, the
@@ -936,7 +953,10 @@ def test_router_rust_waits_for_workers_that_are_still_loading(launcher):
     except AssertionError:
         raise AssertionError(f"router not up after 25 s (alive: {router.alive()}):\n"
                              f"{router.output()[-4000:]}")
-    assert http("GET", pg["url"] + "/health")[0] == 503, "prefill loaded before the router was up"
+    # smg binds within a second, before the stand-in's HTTP server does: loading, it answers 503.
+    wait_for(lambda: http("GET", pg["url"] + "/health")[0] != -1, 20, "prefill's HTTP server up")
+    early = http("GET", pg["url"] + "/health")
+    assert early[0] == 503, f"prefill loaded before the router was up: {early}"
     code, text = http("POST", url + "/generate", {"text": "Hi", "sampling_params": {}})
     assert code == 503, text  # no worker registered yet
     assert http("GET", url + "/readiness")[0] == 503
