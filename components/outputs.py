@@ -35,6 +35,7 @@ from .render import (
     router_url,
     serving_contract,
     sglang_rank_plan,
+    slot_check_url,
     slot_role,
     slot_server,
     slot_url,
@@ -108,6 +109,8 @@ class SlotOutput(_Output):
     restore: str | None = None
     # Where it runs, with the door on two nodes.
     node: str | None = None
+    # What the door asks of it (rust routers: its pair check beside the router).
+    check_url: str | None = None
 
 
 class KeepalivedOutput(_Output):
@@ -256,7 +259,9 @@ def door_output(cfg: ClusterConfig) -> DoorOutput | None:
                          server=slot_server(name),
                          # The slot's own first step, which honours the rollout's markers.
                          restore=restore_command(cfg, name) if cfg.router.kind == "rust" else None,
-                         node=cfg.slot_node(name) if vip is not None else None)
+                         node=cfg.slot_node(name) if vip is not None else None,
+                         check_url=(slot_check_url(cfg, name) if cfg.router.kind == "rust"
+                                    else None))
         for name, slot in door.slot_named().items()}
     output = DoorOutput(url=door_url(cfg), tls=door.tls is not None, node=node,
                         metrics_url=f"http://{node}:{door.metrics_port}/metrics",

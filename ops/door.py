@@ -289,7 +289,8 @@ class DoorProbes:
         self.stats = {node: pool.submit(self._show_stat, node, socket)
                       for node, socket in sockets.items()}
         path = slot_check_path(self.router_kind)
-        self.readiness = {slot.name: pool.submit(self.prober.get, slot.url.rstrip("/") + path,
+        self.readiness = {slot.name: pool.submit(self.prober.get,
+                                                 slot.check_url or slot.url.rstrip("/") + path,
                                                  door.node) for slot in door.slots}
         self.workers = {
             slot.name: pool.submit(self.prober.request, "GET", slot.url.rstrip("/") + "/workers",
@@ -337,7 +338,8 @@ class DoorProbes:
     def _slot(self, slot: Slot, container: str,
               stats: dict[str, dict[tuple[str, str], dict[str, str]]], path: str) -> SlotReport:
         readiness = settled(self.readiness.get(slot.name),
-                            HttpAnswer(slot.url + path, "-", error="timed out"))
+                            HttpAnswer(slot.check_url or slot.url + path, "-",
+                                       error="timed out"))
         report = SlotReport(slot.name, slot.role, slot.url, slot.server, container, readiness)
         two_doors = bool(self.door.nodes)
         for node in self.stats:

@@ -49,6 +49,8 @@ class Slot:
     metrics_port: int | None = None
     # Its restore on router.node (rust): registers every group that should serve and it lacks.
     restore: str | None = None
+    # What the door asks of it: the pair check beside a rust router; None: url + /health.
+    check_url: str | None = None
 
 
 @dataclass(frozen=True)
@@ -108,7 +110,7 @@ class Door:
     def from_output(cls, door: DoorOutput) -> Door:
         slots = tuple(Slot(name=name, url=slot.url, role=slot.role, container=slot.container,
                            server=slot.server, metrics_port=slot.metrics_port,
-                           restore=slot.restore)
+                           restore=slot.restore, check_url=slot.check_url)
                       for name, slot in sorted(door.slots.items()))
         nodes = tuple(DoorNode(address=address, door_role=entry.role,
                                door_container=entry.container,

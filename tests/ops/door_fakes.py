@@ -227,8 +227,8 @@ class HealthOnly(_Server):
 
 
 class FakeSlot(_Server):
-    """A rust router slot: /health (alive), /readiness (ready), GET /workers with the key,
-    POST /generate."""
+    """A rust router slot: /health (alive), /readiness and /pairs (ready), GET /workers with the
+    key, POST /generate."""
 
     def __init__(self, host: str, groups: dict[str, HealthOnly]) -> None:
         self.ready = True
@@ -243,7 +243,8 @@ class FakeSlot(_Server):
         self.requests.append((method, path, authorization))
         if path == "/health":
             return 200, {"status": "ok"}
-        if path == "/readiness":
+        # /pairs: the pair check beside a rust router (on its own port there; on the slot's here).
+        if path in ("/readiness", "/pairs"):
             return (200, {"status": "ready"}) if self.ready else (503, {"status": "not_ready"})
         if path == "/generate" and method == "POST":
             return 200, {"text": "pong"}

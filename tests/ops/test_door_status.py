@@ -65,7 +65,7 @@ def test_a_door_stack_that_serves_shows_the_door_both_slots_and_each_group_in_ea
     a = slots(report)["a"]
     assert (a.at_door, a.check, a.sessions, a.since_change, a.readiness.status) == (
         "UP", "L7OK", 0, 302, 200)
-    assert a.readiness.url == stack.slots["a"].url + "/readiness"
+    assert a.readiness.url == stack.slots["a"].url + "/pairs"
     assert [(m.group, m.mode, m.registered, m.healthy, m.load) for m in a.members] == [
         ("prefill", "prefill", True, True, 2), ("decode", "decode", True, True, 0)]
     # GET /workers with the router's key, on each slot; the runtime API read on the router's
@@ -99,7 +99,7 @@ def test_a_dead_slot_while_the_other_serves_is_degraded(stack: DoorStack) -> Non
     b = slots(report)["b"]
     assert b.container == "exited (137)" and b.at_door == "DOWN" and not b.serving
     assert b.problems[:3] == ["container exited (137)",
-                              "not ready (GET /readiness: connection refused)",
+                              "not ready (GET /pairs: connection refused)",
                               "DOWN at the door"]
     assert slots(report)["a"].serving and slots(report)["a"].problems == []
     assert report.door.problems == ["slot b does not serve; a carries every request"]
@@ -136,7 +136,7 @@ def test_a_slot_not_ready_is_degraded_even_before_the_door_notices(stack: DoorSt
     stack.slots["b"].ready = False
     report = status(stack)
     assert report.exit_code == DEGRADED
-    assert slots(report)["b"].problems == ["not ready (GET /readiness: 503)"]
+    assert slots(report)["b"].problems == ["not ready (GET /pairs: 503)"]
 
 
 def test_no_slot_serving_is_down(stack: DoorStack) -> None:
