@@ -125,11 +125,20 @@ class Cluster:
         for process in self.processes:
             process.terminate()
         for process in self.processes:
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
+            ended(process)
+
+    def stop_one(self, name: str) -> None:
+        self.by_name[name].terminate()
+        ended(self.by_name[name])
+
+
+def ended(process: subprocess.Popen) -> None:
+    """Waits for a terminated PROCESS (smg's SIGTERM keeps its listener 5 s), killed past 15 s."""
+    try:
+        process.wait(15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
 
 
 @pytest.fixture(scope="module")
@@ -184,13 +193,7 @@ def test_admission_waits_for_a_slot_that_answers_late(cluster: Cluster) -> None:
         assert "decode-b" in cluster.healthy(late)
     finally:
         starter.join(60)  # the router's start waits for its /health at most 30 s
-        late_router = cluster.by_name["router-late"]
-        late_router.terminate()
-        try:
-            late_router.wait(10)
-        except subprocess.TimeoutExpired:
-            late_router.kill()
-            late_router.wait(10)
+        cluster.stop_one("router-late")
 
 
 def test_admission_goes_on_without_a_slot_silent_past_the_grace(cluster: Cluster) -> None:
@@ -408,10 +411,4 @@ def test_the_router_itself_refuses_a_prefill_and_a_decode_of_two_contracts(
                    "decode-a registered again as contract-x")
     finally:
         sys.path.remove(str(REPO / "assets"))
-        paired = cluster.by_name["router-paired"]
-        paired.terminate()
-        try:
-            paired.wait(15)
-        except subprocess.TimeoutExpired:
-            paired.kill()
-            paired.wait(10)
+        cluster.stop_one("router-paired")
