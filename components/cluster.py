@@ -11,7 +11,7 @@ from .membership import Membership
 from .mooncake import MooncakeMaster
 from .node import Node
 from .outputs import stack_outputs
-from .render import CLUSTER_TYPE, router_slots
+from .render import CLUSTER_TYPE, router_slots, running_contract
 from .router import Router
 from .router_api_key import RouterApiKey
 from .router_readiness import RouterReadiness
@@ -52,6 +52,13 @@ class Cluster(pulumi.ComponentResource):
         if cfg.serving:
             self._serve(cfg, child, router_api_key, door_tls_key)
         self.register_outputs({})
+
+    def _declared_contract(self, cfg: ClusterConfig, group: str) -> pulumi.Output[str]:
+        """GROUP's contract as its admission declares it: the config's, and the image its rank
+        0's node holds (render/contract.py, running_contract)."""
+        rank0 = self.nodes[cfg.groups[group].rank0]
+        contract = self.contract
+        return rank0.image_id.apply(lambda image_id: running_contract(contract, image_id))
 
     def _serve(self, cfg: ClusterConfig, child: pulumi.ResourceOptions,
                router_api_key: pulumi.Input[str] | None,
@@ -135,8 +142,8 @@ class Cluster(pulumi.ComponentResource):
         router_gates: list[RouterReadiness] = []
         if cfg.router.kind == "rust":
             self.memberships = [
-                Membership(name, cfg, router_node, self.routers, group, self.contract,
-                           opts=child)
+                Membership(name, cfg, router_node, self.routers, group,
+                           self._declared_contract(cfg, name), opts=child)
                 for name, group in {**self.prefill, **self.decode}.items()
             ]
             router_gates = [RouterReadiness(cfg, router_node, self.routers, self.memberships,

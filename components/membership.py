@@ -24,7 +24,7 @@ class Membership(pulumi.ComponentResource):
     gate passes (render/membership.py says why these are three commands)."""
 
     def __init__(self, name: str, cfg: ClusterConfig, node: Node, routers: Sequence[Router],
-                 group: ServingGroup, contract: str,
+                 group: ServingGroup, contract: pulumi.Input[str],
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("kimipd:router:Membership", name, None, opts)
         # With the door, every slot: the group is registered with both.
@@ -49,12 +49,14 @@ class Membership(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.drain]))
         # The gate's checks are among its triggers, so it waits for them too (HealthGate says
         # why no depends_on repeats them).
-        # CONTRACT (render/contract.py) is in its command: a change of it is an update, which
-        # runs the admission again when the group's containers stay.
+        # CONTRACT (render/contract.py: the config's, and the image its node holds) is in its
+        # command: a change of it is an update, which runs the admission again when the group's
+        # containers stay.
         self.admit = command.remote.Command(
             f"{name}-admit",
             connection=node.connection,
-            create=admit_command(cfg, name, contract),
+            create=pulumi.Output.from_input(contract).apply(
+                lambda declared: admit_command(cfg, name, declared)),
             triggers=[*[router.container.id for router in routers],
                       *[check.id for check in group.gate.checks]],
             opts=pulumi.ResourceOptions(parent=self, depends_on=[

@@ -36,3 +36,11 @@ def serving_contract(cfg: ClusterConfig, node_file_digests: Mapping[str, str]) -
 def contract_digest(contract: Mapping[str, object]) -> str:
     """A short, stable name of CONTRACT (what the router's node compares)."""
     return hashlib.sha256(json.dumps(contract, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def running_contract(digest: str, image_id: str) -> str:
+    """What a group's admission declares: the config's contract and the image its rank 0's node
+    really holds under the config's reference (docker's id of its content). A tag re-pushed
+    and pulled on some nodes (by hand, or by another tool) is the same reference with other
+    contents: those groups then run another contract, never paired with the rest."""
+    return f"{digest}-{image_id.removeprefix('sha256:')[:12]}"

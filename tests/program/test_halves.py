@@ -5,6 +5,8 @@ its door socket and each slot's name there."""
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from tests.conftest import stack_values
@@ -36,8 +38,11 @@ def test_every_admission_carries_the_serving_contract_and_the_door(run: Run) -> 
     contract = run.stack_outputs["servingContract"]
     assert contract["model"]["path"] == stack_values("sim-2p2d")["model"]["path"]
     assert len(contract["digest"]) == 16
+    # The image its node holds under the config's reference is part of what it declares (the
+    # mocks give the image docker's id of its name's digest).
+    image = hashlib.sha256(stack_values("sim-2p2d")["image"].encode()).hexdigest()[:12]
     for group in ("prefill-a", "prefill-b", "decode-a", "decode-b"):
         create = run.named(f"{group}-admit").inputs["create"]
-        assert f"--contract {contract['digest']}" in create, group
+        assert create.endswith(f"--contract {contract['digest']}-{image}"), group
         assert "--slot slot-a" in create and "--slot slot-b" in create, group
         assert "--door-socket /opt/kimipd/router-31000/door/admin.sock" in create, group

@@ -147,7 +147,7 @@ def test_smoke_test_answer_is_an_output(run: Run) -> None:
     assert run.stack_outputs["nodes"]["174.1.60.5"]["roles"] == ["decode-r0", "router"]
     assert run.stack_outputs["nodes"]["174.1.60.5"]["imageDigest"].startswith(
         "lmsysorg/sglang:kimi-k3@sha256:")
-    assert len(run.stack_outputs["nodeFiles"]) == 3
+    assert len(run.stack_outputs["nodeFiles"]) == 4  # the patch, flash_kda, Mooncake and smg
 
 
 def test_the_verification_baseline_is_an_output_for_the_observability_project(run: Run) -> None:
