@@ -5,12 +5,16 @@
 # rank died and why.
 # --any-status: any HTTP answer passes (the port accepts connections and speaks HTTP); used for
 # prefill rank 0's KV bootstrap server, which opens before the model has loaded.
+# --fingerprint DIR: once healthy, prints `model fingerprint: HEX` of the checkpoint the group
+# just loaded from DIR on this node (its config and index files' contents, every file's name and
+# size): part of the contract its admission declares, so a checkpoint rewritten in place is
+# another contract for the groups that loaded it (components/render/contract.py).
 #
 # usage: wait-healthy.sh --url URL --container NAME --node ADDRESS --timeout SECONDS
-#                        --interval SECONDS [--any-status]
+#                        --interval SECONDS [--any-status] [--fingerprint DIR]
 set -uo pipefail
 
-url="" container="" node="this node" timeout=1800 interval=10 any_status=""
+url="" container="" node="this node" timeout=1800 interval=10 any_status="" model_dir=""
 while (($# > 0)); do
   case "$1" in
     --any-status) any_status=1; shift; continue ;;
@@ -19,10 +23,19 @@ while (($# > 0)); do
     --node) node="$2" ;;
     --timeout) timeout="$2" ;;
     --interval) interval="$2" ;;
+    --fingerprint) model_dir="$2" ;;
     *) echo "wait-healthy.sh: unknown option '$1'" >&2; exit 2 ;;
   esac
   shift 2
 done
+
+fingerprint() {
+  [[ -d "${model_dir}" ]] || { echo "unreadable"; return; }
+  { find "${model_dir}" -maxdepth 1 -type f -printf '%f %s\n' | LC_ALL=C sort
+    find "${model_dir}" -maxdepth 1 -type f \( -name config.json -o -name '*.index.json' \) \
+      -print0 | LC_ALL=C sort -z | xargs -0 -r cat
+  } | sha256sum | cut -c1-12
+}
 
 log_tail() {
   echo "last 100 lines of ${container} on ${node}:" >&2
@@ -35,6 +48,7 @@ while true; do
   elapsed=$((SECONDS - start))
   if [[ "${code}" == 200 ]]; then
     echo "${container}: healthy after ${elapsed}s (${url})"
+    [[ -z "${model_dir}" ]] || echo "model fingerprint: $(fingerprint)"
     exit 0
   fi
   # curl writes 000 when nothing answered (refused, reset, timed out).

@@ -11,7 +11,7 @@ from .membership import Membership
 from .mooncake import MooncakeMaster
 from .node import Node
 from .outputs import stack_outputs
-from .render import CLUSTER_TYPE, router_slots, running_contract
+from .render import CLUSTER_TYPE, model_fingerprint, router_slots, running_contract
 from .router import Router
 from .router_api_key import RouterApiKey
 from .router_readiness import RouterReadiness
@@ -54,11 +54,13 @@ class Cluster(pulumi.ComponentResource):
         self.register_outputs({})
 
     def _declared_contract(self, cfg: ClusterConfig, group: str) -> pulumi.Output[str]:
-        """GROUP's contract as its admission declares it: the config's, and the image its rank
-        0's node holds (render/contract.py, running_contract)."""
+        """GROUP's contract as its admission declares it: the config's, the image its rank 0's
+        node holds and the checkpoint its rank 0's gate read (render/contract.py)."""
         rank0 = self.nodes[cfg.groups[group].rank0]
+        serving = {**self.prefill, **self.decode}[group]
         contract = self.contract
-        return rank0.image_id.apply(lambda image_id: running_contract(contract, image_id))
+        return pulumi.Output.all(rank0.image_id, serving.gate.checks[0].stdout).apply(
+            lambda found: running_contract(contract, found[0], model_fingerprint(found[1])))
 
     def _serve(self, cfg: ClusterConfig, child: pulumi.ResourceOptions,
                router_api_key: pulumi.Input[str] | None,

@@ -35,18 +35,19 @@ class HealthGate(pulumi.ComponentResource):
     def __init__(self, name: str, cfg: ClusterConfig, nodes: Mapping[str, Node],
                  plans: Sequence[ContainerPlan], containers: Sequence[docker.Container],
                  opts: pulumi.ResourceOptions | None = None,
-                 check_prefix: str | None = None) -> None:
+                 check_prefix: str | None = None, fingerprint: bool = False) -> None:
         super().__init__("kimipd:gates:HealthGate", name, None, opts)
         container_ids = [container.id for container in containers]
+        # FINGERPRINT (a group): the first plan's check, rank 0's, also reads the checkpoint.
         self.checks = [
             command.remote.Command(
                 f"{check_prefix or plan.role}-health",
                 connection=nodes[plan.node].connection,
-                create=wait_healthy_command(cfg, plan),
+                create=wait_healthy_command(cfg, plan, fingerprint and index == 0),
                 triggers=container_ids,
                 opts=pulumi.ResourceOptions(parent=self),
             )
-            for plan in plans
+            for index, plan in enumerate(plans)
         ]
         self.urls = [plan.health_url for plan in plans]
         self.register_outputs({"urls": self.urls})

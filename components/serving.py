@@ -49,8 +49,9 @@ class ServingGroup(pulumi.ComponentResource):
         # When a rank dies its group dies (NCCL abort, then rank 0's watchdog); whatever replaces
         # rank 0 replaces every rank, so the group restarts whole and is gated again.
         self.containers = [rank0] + [rank_container(plan, follows=rank0) for plan in plans[1:]]
+        # Rank 0's check also reads the checkpoint the group loaded (its admission's contract).
         self.gate = HealthGate(f"{name}-ready", cfg, nodes, plans, self.containers,
-                               opts=pulumi.ResourceOptions(parent=self))
+                               opts=pulumi.ResourceOptions(parent=self), fingerprint=True)
         # A prefill group's rank 0 bootstrap server answering: what decode waits for when the
         # cluster starts overlapped (see Cluster).
         self.bootstrap_gate = BootstrapGate(

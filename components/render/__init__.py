@@ -19,7 +19,7 @@ from .container_plan import (
                              container_mounts,
                              env_list,
 )
-from .contract import contract_digest, running_contract, serving_contract
+from .contract import contract_digest, model_fingerprint, running_contract, serving_contract
 from .door import (
                              DOOR,
                              door_admin_socket,
@@ -124,6 +124,7 @@ from .sglang import (
 __all__ = [
     "CLUSTER_TYPE",
     "contract_digest",
+    "model_fingerprint",
     "running_contract",
     "serving_contract",
     "container_roles",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 
 from ..config import ClusterConfig
@@ -38,9 +39,22 @@ def contract_digest(contract: Mapping[str, object]) -> str:
     return hashlib.sha256(json.dumps(contract, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def running_contract(digest: str, image_id: str) -> str:
-    """What a group's admission declares: the config's contract and the image its rank 0's node
-    really holds under the config's reference (docker's id of its content). A tag re-pushed
-    and pulled on some nodes (by hand, or by another tool) is the same reference with other
-    contents: those groups then run another contract, never paired with the rest."""
-    return f"{digest}-{image_id.removeprefix('sha256:')[:12]}"
+FINGERPRINT_LINE = re.compile(r"^model fingerprint: ([0-9a-f]{12})$", re.MULTILINE)
+
+
+def model_fingerprint(gate_stdout: str) -> str | None:
+    """The checkpoint's fingerprint rank 0's gate printed (assets/wait-healthy.sh), None where no
+    mount puts the model on the node (the image carries it) or it was unreadable."""
+    found = FINGERPRINT_LINE.search(gate_stdout or "")
+    return found.group(1) if found else None
+
+
+def running_contract(digest: str, image_id: str, fingerprint: str | None = None) -> str:
+    """What a group's admission declares: the config's contract, the image its rank 0's node
+    really holds under the config's reference (docker's id of its content), and the checkpoint
+    it loaded (FINGERPRINT: its config and index files, every file's name and size, read on the
+    node once it is healthy). A tag re-pushed and pulled on some nodes, or weights rewritten
+    in place under model.path and loaded by the groups restarted since, are the same config with
+    other contents: those groups then run another contract, never paired with the rest."""
+    declared = f"{digest}-{image_id.removeprefix('sha256:')[:12]}"
+    return f"{declared}-{fingerprint}" if fingerprint else declared

@@ -73,7 +73,11 @@ def preflight_command(cfg: ClusterConfig, address: str, script: str) -> str:
     return f"{shell(argv)} <<'KIMIPD_PREFLIGHT'\n{script}KIMIPD_PREFLIGHT"
 
 
-def wait_healthy_command(cfg: ClusterConfig, plan: ContainerPlan) -> str:
+def wait_healthy_command(cfg: ClusterConfig, plan: ContainerPlan,
+                         fingerprint: bool = False) -> str:
+    """FINGERPRINT (a group's rank 0): also print the fingerprint of the checkpoint it loaded,
+    where a mount puts model.path on the node (render/contract.py)."""
+    model = model_host_path(cfg) if fingerprint else None
     return shell([
         "bash", WAIT_HEALTHY_SCRIPT,
         "--url", plan.health_url,
@@ -81,6 +85,7 @@ def wait_healthy_command(cfg: ClusterConfig, plan: ContainerPlan) -> str:
         "--node", plan.node,
         "--timeout", str(cfg.gates.timeout_seconds),
         "--interval", f"{cfg.gates.interval_seconds:g}",
+        *(["--fingerprint", model] if model else []),
     ])
 
 

@@ -296,6 +296,39 @@ def test_gate_passes_once_healthy(health_server, tmp_path: Path) -> None:
     assert "waiting for" in result.stdout and "kimipd-decode-r0: healthy after" in result.stdout
 
 
+def test_a_groups_gate_prints_the_fingerprint_of_the_checkpoint_it_loaded(
+        health_server, tmp_path: Path) -> None:
+    """Config and index contents and every file's size: the same checkpoint copied to another
+    node gives the same fingerprint (no times, no paths); one rewritten in place another."""
+    from components.render import model_fingerprint
+
+    url, codes = health_server
+
+    def fingerprint(model: Path) -> str | None:
+        codes[:] = [200]
+        result = bash("wait-healthy.sh", "--url", url, "--container", "kimipd-decode-r0",
+                      "--timeout", "30", "--interval", "1", "--fingerprint", str(model),
+                      env=fake_docker(tmp_path, "running (exit code 0)"))
+        assert result.returncode == 0, result.stderr
+        return model_fingerprint(result.stdout)
+
+    def checkpoint(where: Path, shard: bytes, config: str = '{"num_layers": 61}') -> Path:
+        where.mkdir(parents=True)
+        (where / "config.json").write_text(config)
+        (where / "model.safetensors.index.json").write_text('{"weight_map": {"w": "s-1"}}')
+        (where / "model-00001.safetensors").write_bytes(shard)
+        return where
+
+    first = fingerprint(checkpoint(tmp_path / "node-1" / "Kimi-K3", b"\0" * 64))
+    assert first is not None and len(first) == 12
+    assert fingerprint(checkpoint(tmp_path / "node-2" / "Kimi-K3", b"\1" * 64)) == first
+    assert fingerprint(checkpoint(tmp_path / "resized", b"\0" * 65)) != first
+    assert fingerprint(checkpoint(tmp_path / "reconfigured", b"\0" * 64,
+                                  '{"num_layers": 62}')) != first
+    # No such directory on the node: said, and no fingerprint in the contract.
+    assert fingerprint(tmp_path / "missing") is None
+
+
 def test_gate_reports_a_changed_answer_not_every_poll(health_server, tmp_path: Path) -> None:
     url, codes = health_server
     codes[:] = [503] * 12 + [404] * 3 + [200]

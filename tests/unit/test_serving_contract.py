@@ -15,7 +15,14 @@ import pytest
 
 from components.cluster import paired_prefill
 from components.config import ConfigError, load_cluster_config
-from components.render import contract_digest, serving_contract
+from components.render import (
+    contract_digest,
+    model_fingerprint,
+    running_contract,
+    serving_contract,
+    wait_healthy_command,
+)
+from components.render.sglang import sglang_rank_plan
 from tests.conftest import asset_script, stack_values
 
 DIGESTS = {"/tmp/patch_k3_sm120.py": "a" * 64}
@@ -356,3 +363,24 @@ def test_a_new_router_halfway_through_gets_the_contract_that_serves(
     # The new contract has no decode yet: the old one's groups, whole.
     by_url = {url: group for group, url in node.urls.items()}
     assert {by_url[url] for url in fresh.urls()} == {"prefill-a", "decode-a", "decode-b"}
+
+
+def test_an_admission_declares_the_config_the_image_it_runs_and_the_checkpoint_it_loaded() -> None:
+    image = "sha256:" + "ab" * 32
+    assert running_contract("c0ffee", image) == "c0ffee-" + "ab" * 6
+    assert running_contract("c0ffee", image, "0123456789ab") == f"c0ffee-{'ab' * 6}-0123456789ab"
+    gate = "kimipd-decode-r0: healthy after 3s (http://x/health)\nmodel fingerprint: 0123456789ab\n"
+    assert model_fingerprint(gate) == "0123456789ab"
+    assert model_fingerprint("kimipd-decode-r0: healthy after 3s\nmodel fingerprint: unreadable\n") is None
+    assert model_fingerprint("") is None
+
+
+def test_a_groups_rank0_gate_reads_the_checkpoint_where_a_mount_puts_it_on_the_node() -> None:
+    pro6000 = load_cluster_config(stack_values("pro6000"))
+    rank0 = wait_healthy_command(pro6000, sglang_rank_plan(pro6000, "decode", 0), True)
+    assert rank0.endswith("--fingerprint /data/models/Kimi-K3")
+    assert "--fingerprint" not in wait_healthy_command(pro6000, sglang_rank_plan(pro6000, "decode", 1))
+    # The sim's image carries the model: nothing on the node to read, the image id covers it.
+    sim = load_cluster_config(stack_values("sim-2p2d"))
+    assert "--fingerprint" not in wait_healthy_command(sim, sglang_rank_plan(sim, "decode-a", 0),
+                                                       True)
