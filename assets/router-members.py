@@ -422,7 +422,7 @@ def register_if_one_contract(router: Router, state: State, group: str, url: str,
                    f"holds {', '.join(sorted(w.get('url') or '' for w in others))} of "
                    "another contract"))
             return False
-        register(router, group, url, mode, bootstrap, mine)
+        register(router, group, url, mode, bootstrap, mine, settle=True)
         if taking is None and state.slot_contract(name) != mine:
             state.serve_contract(name, mine)
     return True

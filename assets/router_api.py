@@ -372,7 +372,7 @@ def pairing(worker: dict) -> str | None:
 
 
 def register(router: Router, group: str, url: str, mode: str, bootstrap: int | None,
-             contract: str) -> None:
+             contract: str, settle: bool = False) -> None:
     """POST /workers, the group's serving contract as its pairing protocol: smg pairs a prefill
     and a decode only when theirs match (503 no_compatible_pd_pair otherwise), the second line
     behind the record's one contract per router. Every server requires the router's key (one
@@ -382,7 +382,9 @@ def register(router: Router, group: str, url: str, mode: str, bootstrap: int | N
     smg answers 202 and probes the worker in the background (it is listed once healthy); a
     registration of the URL already there is 409: kept when of this contract (or still being
     made), else removed first (a group replaced in place by another contract); one removed a
-    moment ago stays 5 s `draining`, and is waited out."""
+    moment ago stays 5 s `draining`, and is waited out. SETTLE (an admission: the group is
+    healthy, its contract recorded): a registration of the URL still being made (a restore's,
+    perhaps before the contract was recorded) is waited for, then held to CONTRACT too."""
     body: dict = {"url": url, "worker_type": mode, "api_key": router.key,
                   "pairing_protocol": contract}
     if bootstrap is not None:
@@ -396,9 +398,13 @@ def register(router: Router, group: str, url: str, mode: str, bootstrap: int | N
         if status != 409:
             raise fail(f"POST {router.url}/workers for {group} ({url}) answered HTTP {status}: "
                        f"{answer}")
-        if code == "WORKER_CREATE_IN_PROGRESS":
-            return
         there = registered(router.listed() or [], url)
+        if code == "WORKER_CREATE_IN_PROGRESS" and not there:
+            if not settle or time.monotonic() > deadline:
+                return
+            check_stop(f"registering {group}")
+            time.sleep(0.5)
+            continue
         if there and all(pairing(w) == contract and w.get("status") != "draining"
                          for w in there):
             return

@@ -45,6 +45,7 @@ from .remote import RemoteError, Transport
 from .stack import Access, Stack, StackError
 from .stack_engine import HealFailed, StackEngine, StackLocked
 from .reconcile_metrics import MetricsEndpoint, ReconcileMetrics
+from . import rollout
 from .rollout import Rollout
 from .verdict import Report
 from .virtual_ip import VirtualIpReport
@@ -52,6 +53,9 @@ from .virtual_ip import VirtualIpReport
 # A slot's restore on router.node: the router answers at once, registering takes a request per
 # missing group.
 RESTORE_TIMEOUT_SECONDS = 60.0
+# The rollout's record read again, when the pass's probe (a few seconds) could not: a loaded
+# router.node can take longer to answer over SSH, and a slot's missing group waits on it.
+RECORD_READ_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -198,6 +202,12 @@ class Reconciler:
                                 for role, groups in missing.items()}}
         lacking = "; ".join(f"{role} lacks {', '.join(groups)}"
                             for role, groups in sorted(missing.items()))
+        if isinstance(record, str):
+            transport = self.transport_factory(stack.access)
+            try:
+                record = rollout.read(transport, door, RECORD_READ_SECONDS)
+            finally:
+                transport.close()
         if isinstance(record, str):
             return Decision("rollout-unknown", units, f"{lacking}; not registered again: "
                             f"{record}", WAITING, details)

@@ -15,6 +15,7 @@ import pytest
 from components.config import VerificationSpec
 from ops.heal_policy import MESSAGE_PREFIX, SERVING, WAITING, Limits, Memory, assess, breakages
 from ops.reconcile import Reconciler, Settings
+from ops.remote import RemoteError
 from ops.stack import Access, Stack
 from ops.topology import Topology
 from tests.ops.door_fakes import (KEY, OTHER_DOOR, OTHER_DOOR_NODE, OTHER_KEEPALIVED,
@@ -225,6 +226,37 @@ def test_an_unreadable_record_registers_nothing(tmp_path, door: DoorStack) -> No
     assert (decision.kind, decision.exit_code) == ("rollout-unknown", WAITING), decision
     assert "is not a rollout record" in decision.message
     assert not door.slots["b"].members["decode"][0]
+
+
+def test_a_record_the_pass_read_too_late_is_read_again_before_deciding(
+        tmp_path, door: DoorStack) -> None:
+    """The pass's probe of the record timed out (a loaded router.node answers SSH late): read
+    again, with a longer bound, before the slot's missing group is registered or left."""
+    door.slots["b"].members["decode"] = (False, None, 0)
+    record(door, "steady", {"slot-a": {"contract": "c1", "converting": False},
+                            "slot-b": {"contract": "c1", "converting": False}})
+    h = Harness(tmp_path, door)
+    reads = []
+
+    class FirstRecordReadTimesOut:
+        def __init__(self) -> None:
+            self.inner = door.nodes()
+
+        def run(self, node, command, timeout, stdin=None, on_stdout=None):
+            if "rollout.json" in command:
+                reads.append(timeout)
+                if len(reads) == 1:
+                    raise RemoteError(f"ssh {node}: `cat ...` did not finish within {timeout:g}s")
+            return self.inner.run(node, command, timeout, stdin, on_stdout)
+
+        def close(self) -> None:
+            self.inner.close()
+
+    h.reconciler.transport_factory = lambda access: FirstRecordReadTimesOut()
+    decision = h.run()
+    assert decision.kind == "re-registered", decision
+    assert reads == [3.0, 30.0]
+    assert door.slots["b"].members["decode"][0]
 
 
 def test_a_missing_group_waits_for_an_update_and_a_dry_run_changes_nothing(
