@@ -739,9 +739,9 @@ def test_rank0_death_kills_rank1_and_its_health_server(launcher):
 
 def test_rank1_waits_for_rank0_and_mismatched_args_are_rejected(launcher):
     g = launcher.group("decode", "decode", start_ranks=[1])
-    time.sleep(1.5)
+    # An order, not a time: its start (imports, the parser) took over 1.5 s on a loaded machine.
+    wait_for(lambda: "waiting for rank 0" in g["procs"][1].output(), 20, "rank 1 waiting")
     assert g["procs"][1].alive()
-    assert "waiting for rank 0" in g["procs"][1].output()
     g["procs"][0] = launcher.server("decode0", rank_flags(g["flags"], 0))
     wait_healthy(g)
     # a third process with another --disaggregation-mode tries to join as rank 1: rejected
