@@ -66,7 +66,7 @@ import urllib.request
 sys.dont_write_bytecode = True
 from router_api import (  # noqa: E402
     STUCK_SECONDS, Door, Router, State, check_stop, common_arguments, fail, log, rank0_answers,
-    one_contract, rank0_healthy, rank0_refuses, register, register_missing, registered,
+    one_contract, pairing, rank0_healthy, rank0_refuses, register, register_missing, registered,
     routers_said, wait_idle, wait_until, watch_for_stop, whole)
 
 
@@ -493,7 +493,11 @@ def admit(args, routers: list[Router], state: State) -> int:
                 live = answering(routers)
         eligible = [(router, workers) for router, workers in live
                     if router.url not in held_back]
-        mine = {router.url: registered(workers, url) for router, workers in eligible}
+        # A registration of another pairing protocol (a restore's, made before this group's
+        # contract was recorded) is not this admission's: it is registered again, as its own.
+        mine = {router.url: [w for w in registered(workers, url)
+                             if not contract or pairing(w) == contract]
+                for router, workers in eligible}
         if eligible and all(any(w.get("is_healthy") for w in found) for found in mine.values()):
             if not awaited:
                 return None

@@ -162,8 +162,9 @@ def test_a_slot_serves_one_contract(held: set[str], converting: str | None,
 # --- the rollout, against routers and a door that keep their state in memory ---------------
 
 class MemoryRouter:
-    """The worker API router-members.py uses: POST, GET and DELETE /workers; every worker is
-    healthy at once."""
+    """The worker API router-members.py uses, as smg answers it: POST (its pairing protocol
+    kept; 409 for a URL registered already), GET and DELETE /workers; every worker is healthy
+    at once, and a removed one is gone at once."""
 
     def __init__(self, url: str, slot: str | None) -> None:
         self.url, self.slot, self.key = url, slot, "k"
@@ -173,14 +174,17 @@ class MemoryRouter:
     def workers(self) -> list[dict[str, Any]]:
         return [dict(w) for w in self.registrations.values()]
 
+    listed = workers
+
     def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, object]:
         if method == "POST":
             assert body is not None
             if any(w["url"] == body["url"] for w in self.registrations.values()):
-                return 409, None
+                return 409, {"code": "WORKER_ALREADY_EXISTS"}
             worker_id = f"w{next(self.ids)}"
             self.registrations[worker_id] = {"id": worker_id, "url": body["url"],
                                              "worker_type": body["worker_type"],
+                                             "pairing_protocol": body.get("pairing_protocol"),
                                              "is_healthy": True}
             return 202, None
         if method == "DELETE":
