@@ -15,10 +15,16 @@ from sim.automation import sim_exports
 from tests.conftest import REPO
 
 SIM = REPO / "sim" / "sim"
-# The shipped stacks' nodes (Pulumi.sim*.yaml), and the two the small stacks use: modules on
-# these run in an engine session of their own beside the 8-node one (scripts/test).
+# The shipped stacks' nodes (Pulumi.sim*.yaml), and the four a session of small stacks uses:
+# nodes 9-12, or 13-16 where KIMIPD_SMALL_NODES_FROM says 13. Each set has an engine session of
+# its own beside the 8-node one (scripts/test), so the small modules run in two halves at once.
 SHIPPED_NODES = [f"10.231.60.{i}" for i in range(1, 9)]
-SMALL_NODES = [f"10.231.60.{i}" for i in range(9, 13)]
+SMALL_SETS = (9, 13)
+SMALL_FROM = int(os.environ.get("KIMIPD_SMALL_NODES_FROM", "9"))
+if SMALL_FROM not in SMALL_SETS:
+    raise SystemExit(f"KIMIPD_SMALL_NODES_FROM={SMALL_FROM}: the sim's small node sets begin at "
+                     f"{' or '.join(map(str, SMALL_SETS))}; set one of those, or unset it")
+SMALL_NODES = [f"10.231.60.{i}" for i in range(SMALL_FROM, SMALL_FROM + 4)]
 
 
 def _sim(*args: str, timeout: int = 1800) -> subprocess.CompletedProcess:

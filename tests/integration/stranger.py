@@ -1,7 +1,7 @@
 """A host on the sim's network that is no node: a network namespace of the test's own making on
 the sim's bridge, with an address no node has. Every test that plays a stranger uses one of
 these two: the 8-node modules `STRANGER`, the small stacks' modules `SMALL_STRANGER`, so that
-both engine sessions (scripts/test) can play one at the same time."""
+every engine session (scripts/test) can play one at the same time."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import textwrap
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+from tests.integration.sim import SMALL_FROM
 
 BRIDGE = "kpdbr0"
 
@@ -24,7 +26,9 @@ class Stranger:
 
 
 STRANGER = Stranger("kimipd-stranger", "10.231.60.200", "kpdstranger")
-SMALL_STRANGER = Stranger("kimipd-stranger-s", "10.231.60.201", "kpdstranger-s")
+# One per set of small nodes (tests/integration/sim.py): both small sessions may play one.
+SMALL_STRANGER = Stranger(f"kimipd-stranger-s{SMALL_FROM}", f"10.231.60.{188 + SMALL_FROM}",
+                          f"kpdstranger-s{SMALL_FROM}")
 
 
 @contextmanager
