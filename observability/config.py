@@ -95,7 +95,9 @@ class AlertsSpec(Model):
     # these lengths).
     door_slot_down_for_seconds: int = Field(default=60, ge=0)
     door_no_slot_up_for_seconds: int = Field(default=15, ge=0)
-    stalled_for_seconds: int = Field(default=120, ge=0)
+    # A hung unit reconcile does not heal: past its grace (60 s) a heal starts, so 3 minutes
+    # of another decision is a hang left alone.
+    hung_not_healed_for_seconds: int = Field(default=180, ge=0)
     ttft_for_seconds: int = Field(default=300, ge=0)
     # Unset: derived from the serving stack's kimipd:verification baseline (its `verification`
     # output); set, it wins.

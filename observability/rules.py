@@ -145,13 +145,19 @@ def alert_rules(alerts: AlertsSpec, ttft_seconds: float, ttft_source: str) -> li
               f"p{alerts.ttft_quantile * 100:g} time to first token of {{{{ $labels.group }}}} is "
               f"{{{{ $value }}}}s, above {ttft_seconds:g}s ({ttft_source})",
               "scripts/kimipd verify replays the verification baseline"),
-        alert("KimipdDecodeStalled",
-              'kimipd:gen_throughput:sum{mode="decode"} == 0 and on (stack, group, mode) '
-              "kimipd:queue_reqs:sum > 0",
-              alerts.stalled_for_seconds, "critical",
-              "decode group {{ $labels.group }} generates nothing while requests wait",
-              "hung rather than idle (KV transfer, NCCL): scripts/kimipd logs, then restart the "
-              "group (restartGeneration)"),
+        # A hang is judged by reconcile, as SGLang's own /health judges it (a one-token generate
+        # given SGLANG_HEALTH_CHECK_TIMEOUT): sglang:gen_throughput cannot tell, since a scheduler
+        # stuck in a collective stops writing its gauges and they keep their last value. A hung
+        # unit reconcile heals is `heal` while it does; any other decision for `for` is a hang
+        # left alone (a person's window, pending changes, the hourly limit, a failed heal).
+        alert("KimipdUnitHungNotHealed",
+              'kimipd_reconcile_hung_since_timestamp_seconds{decision!="heal"}',
+              alerts.hung_not_healed_for_seconds, "critical",
+              "{{ $labels.unit }} of {{ $labels.stack }} is hung (running, not serving) and "
+              "reconcile does not heal it: {{ $labels.decision }}",
+              "scripts/kimipd status -s {{ $labels.stack }}; reconcile's log says why "
+              "({{ $labels.decision }}, docs/healing.md); scripts/kimipd logs -s "
+              "{{ $labels.stack }} --role {{ $labels.unit }}"),
         # A slot not UP at the door: nothing fails while the other serves, but there is no spare.
         # The door itself turns a slot DOWN or UP only after 2 checks in a row (fall 2, rise 2 at
         # healthCheckIntervalMs, 500 ms), so a flap never reaches here; 60 s outlasts a planned

@@ -119,11 +119,14 @@ class Reconciler:
         # What this pass's status saw of the virtual IP (None: no door on two nodes, or the
         # pass did not get that far): its metrics vanish rather than repeat an old answer.
         self.virtual_ip: VirtualIpReport | None = None
+        # The units this pass's status found hung: exported with the pass's decision.
+        self.hung: tuple[str, ...] = ()
 
     def run_pass(self) -> Decision:
         started = self.clock()
         record: dict[str, Any] = {}
         self.virtual_ip = None
+        self.hung = ()
         try:
             decision = self._decide(started, record)
         except StackError as error:
@@ -162,6 +165,7 @@ class Reconciler:
         if slot is not None:
             record["routerSeesSlot"] = slot
         broken = breakages(report)
+        self.hung = tuple(sorted(unit for unit, breakage in broken.items() if breakage.hung))
         note_lost_nodes(self.memory, unreachable_nodes(report), now)
         decision = assess(broken, self.memory, self.settings.limits, now,
                           serving=stack.topology.serving and stack.serving_config)
@@ -185,6 +189,11 @@ class Reconciler:
         # they are replaced by name (`up --replace`, in the stack's history), drained, gated
         # and admitted as any replacement.
         hung = [container for unit in decision.units for container in broken[unit].hung]
+        # A heal takes a group's load (minutes on the real cluster): the metrics say it is under
+        # way meanwhile, so that a hung unit being healed is not alerted as one left alone.
+        self.metrics.update(self.settings.stack, self.memory, decision, self.clock(),
+                            self.virtual_ip, self.hung)
+        self._write_metrics_file()
         return self._heal(engine, decision, fingerprint, record, hung)
 
     def _register_again(self, stack: Stack, missing: dict[str, list[str]],
@@ -382,7 +391,10 @@ class Reconciler:
             print(f"{decision.kind}{units}: {decision.message}", file=self.settings.echo,
                   flush=True)
         self.metrics.update(self.settings.stack, self.memory, decision, self.clock(),
-                            self.virtual_ip)
+                            self.virtual_ip, self.hung)
+        self._write_metrics_file()
+
+    def _write_metrics_file(self) -> None:
         if self.settings.metrics_file is not None:
             self.settings.metrics_file.parent.mkdir(parents=True, exist_ok=True)
             # Written aside and renamed over the file: a textfile collector never reads half.

@@ -14,9 +14,12 @@ from .virtual_ip import VirtualIpReport, virtual_ip_families
 
 
 def metric_families(stack: str, memory: Memory, decision: Decision | None,
-                    now: float, virtual_ip: VirtualIpReport | None = None) -> list[Metric]:
+                    now: float, virtual_ip: VirtualIpReport | None = None,
+                    hung: tuple[str, ...] = ()) -> list[Metric]:
     """What reconcile did and saw, as Prometheus metric families (with the door on two nodes,
-    also who holds the virtual IP and each keepalived's state, from the pass's status)."""
+    also who holds the virtual IP and each keepalived's state, from the pass's status). HUNG:
+    the units the pass found hung (running, not serving), each exported with the pass's
+    decision, so that a hang reconcile does not heal is alerted (KimipdUnitHungNotHealed)."""
     per_unit = ["stack", "unit"]
     heals = CounterMetricFamily(
         "kimipd_reconcile_heals_total",
@@ -53,6 +56,18 @@ def metric_families(stack: str, memory: Memory, decision: Decision | None,
     for node, since in sorted(memory.lost_since.items()):
         lost.add_metric([stack, node], since)
     families.append(lost)
+    hung_since = GaugeMetricFamily(
+        "kimipd_reconcile_hung_since_timestamp_seconds",
+        "Per unit the last pass found hung (every container running, not serving): when "
+        "reconcile first found it broken, and the pass's decision (heal: being healed now; "
+        "grace, limited, backoff, unreachable, locked, human-window, pending-changes, "
+        "would-heal, heal-failed: not healed, and why).", labels=["stack", "unit", "decision"])
+    if decision is not None and decision.kind != "healed":
+        for name in hung:
+            unit = memory.units.get(name)
+            since = unit.broken_since if unit is not None else None
+            hung_since.add_metric([stack, name, decision.kind], since if since is not None else now)
+    families.append(hung_since)
     if decision is not None:
         last_decision = GaugeMetricFamily(
             "kimipd_reconcile_last_decision",
@@ -88,8 +103,8 @@ class ReconcileMetrics(Collector):
         return self.families
 
     def update(self, stack: str, memory: Memory, decision: Decision | None, now: float,
-               virtual_ip: VirtualIpReport | None = None) -> None:
-        self.families = metric_families(stack, memory, decision, now, virtual_ip)
+               virtual_ip: VirtualIpReport | None = None, hung: tuple[str, ...] = ()) -> None:
+        self.families = metric_families(stack, memory, decision, now, virtual_ip, hung)
 
 
 class MetricsEndpoint:

@@ -374,6 +374,31 @@ def test_a_hung_unit_is_replaced_by_name_and_the_line_says_what(tmp_path) -> Non
     assert h.lines()[-1]["replace"] == ["kimipd-decode-b-r0@10.0.0.1"]
 
 
+def test_a_hung_unit_is_a_metric_with_the_decision_that_keeps_it_until_it_is_healed(
+        tmp_path) -> None:
+    """Each pass exports every hung unit with its decision and since when (what
+    KimipdUnitHungNotHealed reads): grace, then `heal` while the heal's update runs (written
+    before it, so a group loading for minutes is not alerted as left alone), then nothing once
+    healed. An exited unit is not hung."""
+    h = Harness(tmp_path)
+    h.dead = h.hung = True
+    name = "kimipd_reconcile_hung_since_timestamp_seconds"
+    assert h.run().kind == "grace"
+    broken_at = h.now
+    key = (name, (("decision", "grace"), ("stack", "s"), ("unit", "decode-b")))
+    assert samples(h.settings.metrics_file.read_text())[key] == broken_at
+    during = []
+    h.engine.fixes = lambda: (during.append(h.settings.metrics_file.read_text()),
+                              h.fixed())
+    assert h.run(11).kind == "healed"
+    assert samples(during[0])[
+        (name, (("decision", "heal"), ("stack", "s"), ("unit", "decode-b")))] == broken_at
+    assert f"{name}{{" not in h.settings.metrics_file.read_text()
+    h.dead, h.hung = True, False
+    h.run(100)
+    assert f"{name}{{" not in h.settings.metrics_file.read_text()
+
+
 def test_an_exited_unit_is_healed_by_refresh_and_up_alone(tmp_path) -> None:
     h = Harness(tmp_path)
     h.dead = True
