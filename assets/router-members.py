@@ -65,7 +65,8 @@ import urllib.request
 # No __pycache__ beside the scripts on the node.
 sys.dont_write_bytecode = True
 from router_api import (  # noqa: E402
-    STUCK_SECONDS, Door, Router, State, check_stop, common_arguments, fail, log, rank0_answers,
+    SGLANG_HEALTH_SECONDS, STUCK_SECONDS, Door, Router, State, check_stop, common_arguments, fail,
+    log, rank0_answers,
     one_contract, pairing, rank0_healthy, rank0_refuses, register, register_missing, registered,
     routers_said, wait_idle, wait_until, watch_for_stop, whole)
 
@@ -396,7 +397,7 @@ def drain(args, routers: list[Router], state: State) -> int:
               lambda running: f"{group}: {running} request(s) still running after "
                               f"{args.drain_timeout}s (router.drainTimeoutSeconds); replacing "
                               "it anyway",
-              stuck=lambda: not rank0_healthy(url, key),
+              stuck=lambda: not rank0_healthy(url, key, args.health_seconds),
               given_up=lambda running: f"{group}: {running} request(s) stuck: its rank 0's "
                                        f"/health failed for {STUCK_SECONDS:.0f}s in a row (a hung "
                                        "group finishes none); replacing it without waiting out "
@@ -584,6 +585,9 @@ def main() -> int:
     parser.add_argument("--rollout", choices=["one-group-at-a-time", "all-at-once"],
                         default="one-group-at-a-time")
     parser.add_argument("--drain-timeout", type=float, default=600)
+    # How long the group's rank 0 may take to answer /health and be healthy, as SGLang judges
+    # it (1 s + SGLANG_HEALTH_CHECK_TIMEOUT): rendered from the group's env.
+    parser.add_argument("--health-seconds", type=float, default=SGLANG_HEALTH_SECONDS)
     parser.add_argument("--expect", action="append", default=[])
     parser.add_argument("--silent-grace", type=float, default=60)
     parser.add_argument("--contract")

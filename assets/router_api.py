@@ -69,7 +69,9 @@ def wait_until(problem, timeout: float, interval: float, failure, say=None) -> f
 
 # How long a draining worker's rank 0 must fail its /health before its open requests are given
 # up: SGLang's answers 503 only once its scheduler gave no output for SGLANG_HEALTH_CHECK_TIMEOUT
-# (20 s), so a failing /health is a hung group, whose open requests never finish.
+# (20 s), so a failing /health is a hung group, whose open requests never finish. Each check
+# waits up to that long for its answer (rank0_healthy), so a hung group is given up at its second
+# failing answer, about 40 s in.
 STUCK_SECONDS = 15.0
 
 
@@ -530,12 +532,21 @@ def rank0_answers(url: str) -> bool:
         return False
 
 
-def rank0_healthy(url: str, key: str) -> bool:
-    """Whether the group's rank 0 answers /health with 200 (SGLang's runs a one-token generate)."""
+# SGLang 0.5.19's /health: a one-token generate, a 1 s sleep, then up to
+# SGLANG_HEALTH_CHECK_TIMEOUT (20 s) for any output before 503. A group that answers late is busy,
+# not hung; the margin is for the network and a loaded node.
+SGLANG_HEALTH_SECONDS = 21.0
+HEALTH_MARGIN_SECONDS = 4.0
+
+
+def rank0_healthy(url: str, key: str, health_seconds: float = SGLANG_HEALTH_SECONDS) -> bool:
+    """Whether the group's rank 0 answers /health with 200 within HEALTH_SECONDS and a margin:
+    as SGLang judges it, a busy group answers late and is healthy, a hung one answers 503."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
         with urllib.request.urlopen(urllib.request.Request(url.rstrip("/") + "/health",
-                                                           headers=headers), timeout=5):
+                                                           headers=headers),
+                                    timeout=health_seconds + HEALTH_MARGIN_SECONDS):
             return True
     except (urllib.error.URLError, OSError, ValueError):  # HTTPError (503, 401) among them
         return False

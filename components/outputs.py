@@ -24,6 +24,7 @@ from .render import (
     door_url,
     firewall_table,
     group_endpoint,
+    health_seconds,
     keepalived_plan,
     keepalived_state_file,
     mooncake_master_address,
@@ -71,6 +72,9 @@ class GroupOutput(_Output):
     endpoint: str  # rank 0's API, http://NODE:PORT
     bootstrap_port: int | None = None
     nodes: list[str]
+    # How long rank 0's /health may take and still be healthy, as SGLang judges it
+    # (render/sglang.py, health_seconds): 21 s, SGLang's own, where an older `up` exported none.
+    health_seconds: float = 21.0
 
 
 class NodeOutput(_Output):
@@ -214,7 +218,8 @@ def stack_outputs(cfg: ClusterConfig, node_file_digests: dict[str, str],
         serving=cfg.serving,
         restart_generation=cfg.restart_generation,
         groups={name: GroupOutput(mode=group.mode, endpoint=group_endpoint(group),
-                                  bootstrap_port=group.bootstrap_port, nodes=list(group.nodes))
+                                  bootstrap_port=group.bootstrap_port, nodes=list(group.nodes),
+                                  health_seconds=health_seconds(cfg, name))
                 for name, group in cfg.groups.items()},
         nodes=nodes,
         node_files=dict(sorted(node_file_digests.items())),

@@ -26,7 +26,7 @@ from .firewall_probe import firewall_on_node
 from .probe import HttpAnswer, Prober, Tls, settled, tls_check
 from .remote import CommandTimeout, RemoteError, Transport
 from .stack import Stack
-from .topology import Topology
+from .topology import ContainerRef, Topology
 from .verdict import (
     Docker,
     HungUnit,
@@ -106,6 +106,21 @@ def door_tls(stack: Stack) -> Tls | None:
         return Tls(unverified.context, f"not verified (router.door.tls does not load: {error})")
 
 
+# On top of how long a group's rank 0 may take to answer /health (GroupOutput.health_seconds):
+# the network, a loaded node.
+HEALTH_MARGIN_SECONDS = 4.0
+
+
+def health_timeout(topology: Topology, ref: ContainerRef, timeout: float) -> float:
+    """A group's rank 0 is given as long as SGLang gives its /health (a busy group answers late
+    and is healthy; a hung one answers 503 after SGLANG_HEALTH_CHECK_TIMEOUT); every other
+    container, TIMEOUT (status --timeout)."""
+    group = topology.groups.get(ref.group) if ref.group is not None and ref.rank == 0 else None
+    if group is None:
+        return timeout
+    return max(timeout, group.health_seconds + HEALTH_MARGIN_SECONDS)
+
+
 def collect(topology: Topology, transport: Transport, prober: Prober, timeout: float,
             generate_timeout: float, api_key: str | None = None,
             router_kind: str = DEFAULT_ROUTER_KIND) -> Report:
@@ -127,7 +142,8 @@ def collect(topology: Topology, transport: Transport, prober: Prober, timeout: f
             node: pool.submit(inspect_node, transport, node, names, timeout)
             for node, names in by_node.items()}
         health: dict[str, Future] = {
-            ref.role: pool.submit(prober.get, ref.health_url, ref.node)
+            ref.role: pool.submit(prober.request, "GET", ref.health_url, ref.node,
+                                  timeout=health_timeout(topology, ref, timeout))
             for ref in topology.containers}
         tables: dict[str, Future] = {
             node: pool.submit(firewall_on_node, transport, node, topology.firewall_table, timeout)
@@ -151,7 +167,8 @@ def collect(topology: Topology, transport: Transport, prober: Prober, timeout: f
         # the backstop for one that is not.
         everything = [*inspections.values(), *health.values(), *tables.values(),
                       *([path] if path else []), *door_futures, *([record] if record else [])]
-        wait(everything, timeout=max(3 * timeout, generate_timeout) + 10)
+        longest_health = max(health_timeout(topology, ref, timeout) for ref in topology.containers)
+        wait(everything, timeout=max(3 * timeout, generate_timeout, longest_health + 5) + 10)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
 

@@ -110,6 +110,7 @@ from .router import (
 )
 from .sglang import (
                              group_endpoint,
+                             health_seconds,
                              remove_worker_key_command,
                              sglang_command,
                              sglang_env,
@@ -123,6 +124,7 @@ from .sglang import (
 
 __all__ = [
     "CLUSTER_TYPE",
+    "health_seconds",
     "contract_digest",
     "model_fingerprint",
     "running_contract",

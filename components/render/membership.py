@@ -22,7 +22,7 @@ from ..config.router_schema import SLOT_NAMES
 from .door import door_admin_socket, slot_server, slot_url
 from .layout import DOOR_SLOTS_SCRIPT, ROUTER_MEMBERS_SCRIPT, router_state_dir, shell
 from .router import router_api_key_file, router_loopback_url, router_slots
-from .sglang import group_endpoint
+from .sglang import group_endpoint, health_seconds
 
 
 def _members(cfg: ClusterConfig, action: str, *args: str, timeout: int | None = None,
@@ -67,9 +67,12 @@ def drain_command(cfg: ClusterConfig, group_name: str) -> str:
     # longer than that has failed its gate.
     # With the door: a rollout reverted midway may hand this group's slot to the contract that
     # has a whole pair serving nowhere, out at router.node's door first (router-members.py).
+    # --health-seconds: how long its rank 0's /health may take, as SGLang judges it; a busy
+    # group answers late, and only one that fails it is hung (its requests given up).
     return _members(cfg, "drain", *_group_args(cfg, group_name),
                     "--rollout", cfg.rollout,
-                    "--drain-timeout", str(cfg.router.drain_timeout_seconds), door=True)
+                    "--drain-timeout", str(cfg.router.drain_timeout_seconds),
+                    "--health-seconds", f"{health_seconds(cfg, group_name):g}", door=True)
 
 
 def _bootstrap(cfg: ClusterConfig, group_name: str) -> list[str]:

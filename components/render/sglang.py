@@ -102,6 +102,25 @@ def sglang_env(cfg: ClusterConfig, group_name: str, rank: int) -> dict[str, str]
     }
 
 
+# SGLang 0.5.19's /health on rank 0 (srt/entrypoints/http_server.py, health_generate): a
+# one-token generate, a 1 s sleep, then up to SGLANG_HEALTH_CHECK_TIMEOUT (20 s) waiting for any
+# output of the scheduler before it answers 503. A busy group answers late, and is healthy.
+SGLANG_HEALTH_SLEEP_SECONDS = 1.0
+SGLANG_HEALTH_CHECK_TIMEOUT_DEFAULT = 20.0
+
+
+def health_seconds(cfg: ClusterConfig, group_name: str) -> float:
+    """How long GROUP's rank 0 may take to answer /health and still be healthy, as SGLang judges
+    it: its sleep and its SGLANG_HEALTH_CHECK_TIMEOUT (the group's env, else SGLang's 20 s). What
+    status, reconcile and a drain give the probe, a margin on top (docs/healing.md)."""
+    raw = sglang_env(cfg, group_name, 0).get("SGLANG_HEALTH_CHECK_TIMEOUT")
+    try:
+        timeout = float(raw) if raw is not None else SGLANG_HEALTH_CHECK_TIMEOUT_DEFAULT
+    except ValueError:
+        timeout = SGLANG_HEALTH_CHECK_TIMEOUT_DEFAULT  # SGLang itself refuses it at start
+    return SGLANG_HEALTH_SLEEP_SECONDS + max(0.0, timeout)
+
+
 def health_url(group: GroupSpec, rank: int = 0) -> str:
     """Rank 0: the API's /health (200 once warmed up). Ranks >= 1: the dummy health server SGLang
     starts on --host:--port once that rank's model is loaded (engine.py,

@@ -13,7 +13,10 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,8 +27,8 @@ from pulumi import automation as auto
 from ops.heal_policy import REFUSED
 from sim.automation import Project
 from tests.integration.engine import (  # noqa: F401 - fixtures
-    SMALL_ROUTER, assert_replaced_only, container_ids, env, kimipd, new_stack, project, settled_status,
-    small_2p2d_values, small_sim, status_problems)
+    AUTHORIZED, SMALL_ROUTER, StreamingLoad, assert_replaced_only, container_ids, env, kimipd,
+    new_stack, project, settled_status, small_2p2d_values, small_sim, status_problems)
 from tests.integration.healing import (
     PASSPHRASE, command_line, decisions, descendants, heal_under_load, healthy_workers,
     kill_server, reconcile_once, reconcile_service, wait_exited)
@@ -42,9 +45,24 @@ NODE = SMALL_NODES[3]
 CONTAINER = "kimipd-decode-b-r0"
 
 
+# decode-b's speed: a request of LONG_TOKENS runs long enough to be open through a drain.
+DECODE_B_TOKENS_PER_S = 26
+LONG_TOKENS = 50 * DECODE_B_TOKENS_PER_S
+# What the stand-in reads in a running rank 0 (sim/standin/README.md): /health answers this late
+# while requests run, as a busy SGLang's does.
+BUSY_HEALTH_FILE = "/tmp/sglang-standin-busy-health-seconds"
+
+
+def module_values(sim: SimCluster) -> dict:
+    values = small_2p2d_values(sim)
+    values["groups"][GROUP]["env"] = {
+        "SGLANG_STANDIN_DECODE_TOKENS_PER_S": str(DECODE_B_TOKENS_PER_S)}
+    return values
+
+
 @pytest.fixture(scope="module")
 def stack(project: Project, sim: SimCluster) -> Iterator[auto.Stack]:
-    stack = new_stack(project, sim, STACK, small_2p2d_values(sim))
+    stack = new_stack(project, sim, STACK, module_values(sim))
     stack.up()
     yield stack
     # decode-b stays dead past its limit: the destroy takes a stack with a dead group down too.
@@ -55,6 +73,56 @@ def stack(project: Project, sim: SimCluster) -> Iterator[auto.Stack]:
 def url(stack: auto.Stack) -> str:
     """decode-b's rank 0, as the router lists it."""
     return stack.outputs()["groups"].value[GROUP]["endpoint"]
+
+
+def running_requests(url: str) -> int:
+    request = urllib.request.Request(url + "/get_load", headers=AUTHORIZED)
+    with urllib.request.urlopen(request, timeout=5) as answer:
+        return sum(entry["num_reqs"] for entry in json.load(answer))
+
+
+def timed_health(url: str) -> tuple[int, float]:
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=60) as answer:
+            return answer.status, time.monotonic() - started
+    except urllib.error.HTTPError as failure:
+        return failure.code, time.monotonic() - started
+
+
+def test_a_busy_group_rolled_by_a_planned_change_finishes_its_open_requests(
+        stack: auto.Stack, project: Project, sim: SimCluster, url: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """decode-b busy, as SGLang is under long prefills: its rank 0's /health answers 200, 12 s
+    late, while requests run on it. A planned change of decode-b (restartGeneration) under long
+    streams drains it: the drain judges its health as SGLang does (the group's bound, 21 s), so it
+    waits for the open requests and none is cut. A 5 s probe took it for hung and gave them up
+    15 s into the drain, cutting them."""
+    before = container_ids(sim)
+    busy: list[tuple[int, float]] = []
+    with StreamingLoad(rate=1.0, url=SMALL_ROUTER, tokens=LONG_TOKENS) as load:
+        wait_until(lambda: running_requests(url) >= 1, 30, f"a long request running on {GROUP}")
+        made = sim.docker(NODE, "exec", CONTAINER, "sh", "-c", f"echo 12 > {BUSY_HEALTH_FILE}")
+        assert made.returncode == 0, made.stderr
+        probe = threading.Thread(target=lambda: busy.append(timed_health(url)), daemon=True)
+        probe.start()
+        open_then = running_requests(url)
+        groups = module_values(sim)["groups"]
+        groups[GROUP]["restartGeneration"] = 1
+        project.update_stack(STACK, {"groups": groups})
+        started = time.monotonic()
+        stack.up()
+        took = time.monotonic() - started
+        probe.join(60)
+        time.sleep(2)
+    failed = load.failed()
+    what = (f"{GROUP} busy (/health {busy}) restarted in {took:.0f}s with {open_then} "
+            "request(s) open on it")
+    with capsys.disabled():  # the run's log keeps the figures (docs/healing.md)
+        print("\n" + load.summary(what))
+    assert busy and busy[0][0] == 200 and busy[0][1] >= 12, f"{GROUP} was not busy: {busy}"
+    assert not failed, [answer.outcome for answer in failed]
+    assert_replaced_only(before, container_ids(sim), f"kimipd-{GROUP}-")
 
 
 def test_a_dry_run_and_a_recent_update_change_nothing_then_one_pass_heals(

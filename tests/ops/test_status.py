@@ -350,3 +350,26 @@ def test_a_unit_that_runs_and_does_not_answer_is_named_hung_since_reconcile_saw_
     finally:
         frozen.send_signal(signal.SIGCONT)
         stop_cluster(cluster)
+
+
+def test_a_groups_rank0_is_given_as_long_as_sglang_gives_its_health_and_others_the_timeout(
+        ) -> None:
+    """SGLang's /health answers late while its scheduler is busy and 503 only after
+    SGLANG_HEALTH_CHECK_TIMEOUT: status gives each group's rank 0 that (from the group's env, in
+    the outputs) and a margin, every other container --timeout."""
+    from copy import deepcopy
+
+    from ops.status import health_timeout
+    from tests.conftest import stack_values
+    from tests.outputs import program_outputs
+
+    values = deepcopy(stack_values("sim"))
+    values["groups"]["decode"]["env"] = {"SGLANG_HEALTH_CHECK_TIMEOUT": "60"}
+    topology = Topology.from_outputs("sim", program_outputs("sim", values))
+    timeouts = {(ref.group, ref.rank): health_timeout(topology, ref, 5.0)
+                for ref in topology.containers if ref.group is not None}
+    assert timeouts[("prefill", 0)] == 25.0  # 1 s + 20 s + 4 s
+    assert timeouts[("decode", 0)] == 65.0
+    assert timeouts[("prefill", 1)] == timeouts[("decode", 1)] == 5.0  # a dummy health server
+    master = next(ref for ref in topology.containers if ref.group is None)
+    assert health_timeout(topology, master, 5.0) == 5.0

@@ -185,6 +185,10 @@ def test_membership_commands_run_on_the_router_node_with_the_rollout(pro6000: di
     drain = drain_command(cfg, "decode")
     assert drain.startswith("python3 /opt/kimipd/router-members.py drain ")
     assert "--url http://174.1.60.5:30000 --rollout one-group-at-a-time --drain-timeout 600" in drain
+    # As long as SGLang's /health may take (its 1 s and SGLANG_HEALTH_CHECK_TIMEOUT, 20 s).
+    assert drain.endswith("--health-seconds 21")
+    pro6000["groups"]["decode"]["env"] = {"SGLANG_HEALTH_CHECK_TIMEOUT": "60"}
+    assert drain_command(load_cluster_config(pro6000), "decode").endswith("--health-seconds 61")
     assert "--bootstrap-port 8998" in admit_command(cfg, "prefill", "c0")
     assert "--bootstrap-port" not in admit_command(cfg, "decode", "c0")
     ready = router_ready_command(cfg)

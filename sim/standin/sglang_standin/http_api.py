@@ -29,6 +29,9 @@ ADMIN_ACKS: Dict[str, Tuple[Any, str]] = {
     "/start_profile": ("Start profiling.\n", "text/plain; charset=utf-8"),
     "/stop_profile": ("Stop profiling. This will take some time.\n", "text/plain; charset=utf-8"),
 }
+# Written inside a running rank 0's container by a test (docker exec): seconds its /health
+# answers late while requests run, as a busy SGLang's does (Standin.busy_health_seconds).
+BUSY_HEALTH_FILE = "/tmp/sglang-standin-busy-health-seconds"
 _ADMIN_ACK_METHODS = {path: methods for path, methods in ADMIN_OPTIONAL_ROUTES if path in ADMIN_ACKS}
 
 
@@ -58,12 +61,29 @@ class ApiHandler(Handler):
         return (f"no output for {st.health_check_timeout:g}s (SGLANG_HEALTH_CHECK_TIMEOUT): the "
                 f"forward is stalled: {st.stall_reason}")
 
+    def _busy_delay(self) -> None:
+        """SGLang's /health on a busy rank 0 answers once its scheduler gives its next output:
+        late, while requests run (SGLANG_STANDIN_BUSY_HEALTH_SECONDS or BUSY_HEALTH_FILE)."""
+        st = self.st
+        seconds = st.busy_health_seconds
+        try:
+            with open(BUSY_HEALTH_FILE, encoding="utf-8") as stream:
+                seconds = max(0.0, float(stream.read().strip() or 0))
+        except (OSError, ValueError):
+            pass
+        with st.lock:
+            running = st.num_running_reqs
+        if seconds > 0 and running > 0:
+            time.sleep(seconds)
+
     def route(self, method: str, path: str) -> None:
         st = self.st
         if method == "GET" and path in ("/health", "/health_generate", "/ready"):
             reason = st.not_ready_reason()
             if reason is None and not st.flowing.is_set():
                 reason = self._stalled_health()
+            if reason is None and path != "/ready":
+                self._busy_delay()
             if reason is None:
                 self._send(200)
             else:

@@ -70,6 +70,11 @@ class Standin:
         # SGLang 0.5.19's /health waits this long for any output of the scheduler, then answers
         # 503 (srt/entrypoints/http_server.py: HEALTH_CHECK_TIMEOUT, health_generate).
         self.health_check_timeout = max(0.0, _env_float("SGLANG_HEALTH_CHECK_TIMEOUT", 20.0))
+        # A busy group's /health: SGLang's waits for the scheduler's next output, which long
+        # chunked prefills hold back, so it answers late (and 200) while requests run. Seconds
+        # of that delay: this env, or the number in BUSY_HEALTH_FILE (read at each /health, so a
+        # test can make a running group busy), only while rank 0 has requests running.
+        self.busy_health_seconds = max(0.0, _env_float("SGLANG_STANDIN_BUSY_HEALTH_SECONDS", 0.0))
         # A forward with work that makes no progress this long kills the server (srt/utils/
         # watchdog.py: WatchdogRaw, SIGQUIT to the parent process; --watchdog-timeout, 300 s).
         self.watchdog_timeout = float(getattr(args, "watchdog_timeout", None) or 300.0)

@@ -1272,3 +1272,22 @@ def test_metrics_count_tokens_requests_and_ttft(launcher):
     gone = scrape(url)
     assert metric(gone, "sglang:num_requests_total", is_streaming="true") == 1
     assert metric(gone, "sglang:time_to_first_token_seconds_count", is_streaming="true") == 2
+
+
+def test_a_busy_rank0_answers_health_late_and_still_200_and_an_idle_one_at_once(launcher):
+    """SGLang's /health waits for the scheduler's next output: while requests run it answers
+    late (SGLANG_STANDIN_BUSY_HEALTH_SECONDS, or the number a test writes into the running
+    container's file), 200 all the same; idle, at once."""
+    g = launcher.group("null", "null", env={"SGLANG_STANDIN_BUSY_HEALTH_SECONDS": "2",
+                                            "SGLANG_STANDIN_DECODE_TOKENS_PER_S": "10"})
+    wait_healthy(g)
+    started = time.monotonic()
+    assert health(g["url"]) == 200 and time.monotonic() - started < 1.5
+    long = threading.Thread(target=lambda: http("POST", g["url"] + "/generate", {
+        "text": "Hello", "sampling_params": {"max_new_tokens": 60}}, timeout=30), daemon=True)
+    long.start()
+    wait_for(lambda: get_json(g["url"] + "/get_load")[0]["num_reqs"] > 0, 10, "a request runs")
+    started = time.monotonic()
+    assert health(g["url"]) == 200
+    assert time.monotonic() - started >= 2.0
+    long.join(30)
