@@ -178,9 +178,10 @@ def test_host_keys_are_pinned(sim: SimCluster, tmp_path: Path) -> None:
     load_private_key(key)
     pinned = Path(sim.env["KIMIPD_SIM_KNOWN_HOSTS"]).read_text().splitlines()
     ok = SshTransport(Access(sim.env["KIMIPD_SIM_KNOWN_HOSTS"], {}, key), connect_timeout=5)
-    assert ok.run(NODES[0], "hostname", timeout=10).out.strip() == "kpd-node9"
+    assert ok.run(NODES[0], "hostname", timeout=10).out.strip() == \
+        f"kpd-node{NODES[0].rsplit('.', 1)[1]}"
     ok.close()
-    # node 9 pinned with node 10's key: refused
+    # the first small node pinned with the second's key: refused
     swapped = tmp_path / "known_hosts"
     node2_key = next(line for line in pinned if line.startswith(NODES[1] + " ")).split(" ", 1)[1]
     swapped.write_text(f"{NODES[0]} {node2_key}\n")
