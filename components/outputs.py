@@ -75,6 +75,9 @@ class GroupOutput(_Output):
     # How long rank 0's /health may take and still be healthy, as SGLang judges it
     # (render/sglang.py, health_seconds): 21 s, SGLang's own, where an older `up` exported none.
     health_seconds: float = 21.0
+    # How long it may load before a running group that does not serve is hung (groups[].
+    # loadBoundSeconds, else gates.timeoutSeconds); None where an older `up` exported none.
+    load_bound_seconds: float | None = None
 
 
 class NodeOutput(_Output):
@@ -219,7 +222,9 @@ def stack_outputs(cfg: ClusterConfig, node_file_digests: dict[str, str],
         restart_generation=cfg.restart_generation,
         groups={name: GroupOutput(mode=group.mode, endpoint=group_endpoint(group),
                                   bootstrap_port=group.bootstrap_port, nodes=list(group.nodes),
-                                  health_seconds=health_seconds(cfg, name))
+                                  health_seconds=health_seconds(cfg, name),
+                                  load_bound_seconds=(group.load_bound_seconds
+                                                      or cfg.gates.timeout_seconds))
                 for name, group in cfg.groups.items()},
         nodes=nodes,
         node_files=dict(sorted(node_file_digests.items())),

@@ -117,7 +117,11 @@ def breakages(report: Report) -> dict[str, Breakage]:
     and the whole-path probe alone heals nothing (no container drifted), so neither counts."""
     found: dict[str, list[str]] = {}
     unreachable: set[str] = set()
+    # A group loading within its bound is not broken: its grace starts once the bound is past.
+    loading = {unit.unit for unit in report.loading}
     for row in report.rows:
+        if unit_of(row) in loading:
+            continue
         docker = row.docker
         problems = []
         if docker.state == "unknown":
@@ -136,7 +140,7 @@ def breakages(report: Report) -> dict[str, Breakage]:
                             "(running, not answering)")
         if problems:
             found.setdefault(unit_of(row), []).extend(problems)
-    hung = hung_units(report.rows)
+    hung = hung_units(report.rows, loading)
     return {unit: Breakage(tuple(problems), unit not in unreachable, hung.get(unit, ()))
             for unit, problems in found.items()}
 

@@ -34,6 +34,7 @@ from .verdict import (
     Row,
     container_state,
     hung_units,
+    loading_units,
     lost_nodes,
     problems,
 )
@@ -225,8 +226,13 @@ def collect(topology: Topology, transport: Transport, prober: Prober, timeout: f
         exit_code, verdict = OK, "serving"
     else:
         exit_code, verdict = DEGRADED, "degraded"
+    loading, overdue = loading_units(
+        rows, {name: group.load_bound_seconds for name, group in topology.groups.items()}, now)
+    notes += [f"{unit} hung: {why}" for unit, why in overdue.items()]
     hung = [HungUnit(unit, [f"{name}@{node}" for node, name in containers])
-            for unit, containers in sorted(hung_units(rows).items())]
+            for unit, containers in sorted(
+                hung_units(rows, {unit.unit for unit in loading}).items())]
     return Report(topology.stack, now, True, rows, path_answer, exit_code, verdict, notes,
                   firewall, door_report, lost_nodes(rows), vip_report, hung,
-                  settled(record, "the rollout's record: timed out") if record else None)
+                  settled(record, "the rollout's record: timed out") if record else None,
+                  loading)

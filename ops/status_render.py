@@ -155,6 +155,7 @@ def render(report: Report) -> Group:
         return Group(Text(title, style="bold red"), *[Text(note) for note in report.notes])
     lost = [Text(node.line(), style="bold red") for node in report.lost]
     lost += [Text(hung.line(), style="bold red") for hung in report.hung]
+    lost += [Text(unit.line(), style="yellow") for unit in report.loading]
     table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
     for column in ("role", "node", "container", "state", "uptime", "gen", "health", "via",
                    "verdict"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .door import DoorReport
@@ -64,6 +65,8 @@ class Report:
     # The rollout's record on router.node (ops/rollout.py), or why it could not be read; None
     # without one (no door, MiniLB).
     rollout: Rollout | str | None = None
+    # Groups that run and do not serve yet, within their load bound (loading_units).
+    loading: list[LoadingUnit] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         document = {
@@ -98,6 +101,7 @@ class Report:
             document["virtualIp"] = self.virtual_ip.as_json()
         document["lostNodes"] = [lost.as_json() for lost in self.lost]
         document["hungUnits"] = [hung.as_json() for hung in self.hung]
+        document["loadingUnits"] = [unit.as_json() for unit in self.loading]
         if self.rollout is not None:
             document["rollout"] = (self.rollout.as_json() if not isinstance(self.rollout, str)
                                    else {"error": self.rollout})
@@ -125,6 +129,70 @@ class HungUnit:
                  if self.since else "")
         return (f"{self.unit} hung{since}: running, not answering ({', '.join(self.containers)});"
                 " reconcile replaces its containers (docs/healing.md: a group hangs)")
+
+
+@dataclass
+class LoadingUnit:
+    """A group whose containers all run while it does not serve yet, with the evidence that it
+    is loading (SGLang opens its HTTP port once its model is loaded and answers 503 while it
+    warms up), up for less than its load bound: left alone by reconcile, not hung. Past the
+    bound it is hung (hung_units)."""
+
+    unit: str
+    seconds: float  # since its rank 0 started
+    bound: float
+    evidence: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {"unit": self.unit, "seconds": round(self.seconds), "boundSeconds": self.bound,
+                "evidence": self.evidence}
+
+    def line(self) -> str:
+        return (f"{self.unit} loading for {duration(self.seconds)} of its "
+                f"{duration(self.bound)} bound: {self.evidence}")
+
+
+# What a loading SGLang's (and the stand-in's) /health 503 says; a hung one says "no output".
+LOADING_SIGNS = ("loading", "warming up", "waiting for")
+
+
+def loading_evidence(answer: HttpAnswer) -> str | None:
+    """Why rank 0's health answer reads as a server still loading, or None."""
+    if answer.status is None and answer.error == "connection refused":
+        return "rank 0's port refuses connections (SGLang opens it once the model is loaded)"
+    body = answer.body.lower()
+    if answer.status == 503 and any(sign in body for sign in LOADING_SIGNS):
+        return f"rank 0's /health 503: {answer.body.strip()[:120]}"
+    return None
+
+
+def loading_units(rows: list[Row], bounds: Mapping[str, float | None],
+                  now: datetime) -> tuple[list[LoadingUnit], dict[str, str]]:
+    """(the groups loading within their bound (BOUNDS: group -> loadBoundSeconds), the groups
+    past it -> why they are hung): every container of the group running, rank 0 not serving with
+    the evidence of a load (loading_evidence), rank 0 up for less than its bound."""
+    by_group: dict[str, list[Row]] = {}
+    for row in rows:
+        if row.ref.group is not None:
+            by_group.setdefault(row.ref.group, []).append(row)
+    loading, overdue = [], {}
+    for group, members in sorted(by_group.items()):
+        rank0 = next((row for row in members if row.ref.rank == 0), None)
+        bound = bounds.get(group)
+        if rank0 is None or bound is None or rank0.health.ok:
+            continue
+        if not all(row.docker.state == "running" for row in members):
+            continue
+        evidence = loading_evidence(rank0.health)
+        up = uptime_seconds(rank0.docker, now)
+        if evidence is None or up is None:
+            continue
+        if up < bound:
+            loading.append(LoadingUnit(group, up, bound, evidence))
+        else:
+            overdue[group] = (f"not serving {duration(up)} after its start, past its load bound "
+                              f"{duration(bound)} ({evidence})")
+    return loading, overdue
 
 
 @dataclass
@@ -164,13 +232,16 @@ def unit_of(row: Row) -> str:
     return row.ref.group or row.ref.role
 
 
-def hung_units(rows: list[Row]) -> dict[str, tuple[tuple[str, str], ...]]:
+def hung_units(rows: list[Row],
+               loading: Iterable[str] = ()) -> dict[str, tuple[tuple[str, str], ...]]:
     """Unit -> (node, container) of each of its containers, for each unit whose containers all
     hold their process (running or paused) while one does not serve (paused, or its health
-    failing): what refresh cannot see and an update must replace by name."""
+    failing): what refresh cannot see and an update must replace by name. A group LOADING
+    within its bound (loading_units) is none."""
     by_unit: dict[str, list[Row]] = {}
     for row in rows:
-        by_unit.setdefault(unit_of(row), []).append(row)
+        if unit_of(row) not in loading:
+            by_unit.setdefault(unit_of(row), []).append(row)
     return {unit: tuple((row.ref.node, row.ref.name) for row in members)
             for unit, members in by_unit.items()
             if all(row.docker.state in HELD_STATES for row in members)

@@ -97,6 +97,10 @@ class GroupSpec(Model):
     # Bumping it replaces this group's containers only (and what follows them: the router when
     # it must, the smoke test); every other group keeps its containers.
     restart_generation: int = Field(default=0, ge=0)
+    # How long the group may load (weights, warm-up) before a running group that does not serve
+    # is hung, not loading: status and reconcile leave a loading group alone until then
+    # (docs/healing.md). Unset: gates.timeoutSeconds, what its gate waits for the same load.
+    load_bound_seconds: int | None = Field(default=None, ge=1)
 
     @property
     def rank0(self) -> str:

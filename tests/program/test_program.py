@@ -143,7 +143,7 @@ def test_smoke_test_answer_is_an_output(run: Run) -> None:
     assert run.stack_outputs["generateUrl"] == "http://174.1.60.5:31000/generate"
     assert run.stack_outputs["groups"]["prefill"] == {
         "mode": "prefill", "endpoint": "http://174.1.60.1:30000", "bootstrapPort": 8998,
-        "nodes": PREFILL, "healthSeconds": 21.0}
+        "nodes": PREFILL, "healthSeconds": 21.0, "loadBoundSeconds": 1800.0}
     assert run.stack_outputs["nodes"]["174.1.60.5"]["roles"] == ["decode-r0", "router"]
     assert run.stack_outputs["nodes"]["174.1.60.5"]["imageDigest"].startswith(
         "lmsysorg/sglang:kimi-k3@sha256:")
