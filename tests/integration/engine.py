@@ -166,8 +166,8 @@ SHARED_2P2D_MODULES = ("test_rollout.py", "test_heal.py", "test_door.py")
 
 
 def shared_2p2d_values(sim: SimCluster) -> dict:
-    """Pulumi.sim-2p2d.yaml on this sim, with a gate timeout that bounds test_rollout's canary
-    test (a group's drain waits that long for a canary to come back: its delete command, hence
+    """Pulumi.sim-2p2d.yaml on this sim, with a gate timeout that bounds a failed gate's wait
+    (and a group's drain waits that long for a canary to come back: its delete command, hence
     the timeout, is the one its group was created with), and decode at 26 tokens/s: streams
     long enough to be in flight while a slot or a group drains."""
     values = sim_values(sim, "sim-2p2d")

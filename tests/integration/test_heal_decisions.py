@@ -9,6 +9,7 @@ Tests run in file order on one stack."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import signal
@@ -123,6 +124,55 @@ def test_a_busy_group_rolled_by_a_planned_change_finishes_its_open_requests(
     assert busy and busy[0][0] == 200 and busy[0][1] >= 12, f"{GROUP} was not busy: {busy}"
     assert not failed, [answer.outcome for answer in failed]
     assert_replaced_only(before, container_ids(sim), f"kimipd-{GROUP}-")
+
+
+def current_groups(project: Project) -> dict:
+    values = yaml.safe_load((project.directory / f"Pulumi.{STACK}.yaml").read_text())["config"]
+    return values["kimipd:groups"]
+
+
+def test_a_failing_canary_stops_the_rollout_and_the_rest_keep_serving(
+        stack: auto.Stack, project: Project, sim: SimCluster) -> None:
+    """Both decode groups changed, each replacement dying while it loads: the first one
+    replaced (the canary) fails its gate, the rollout stops there holding the mode's lease, and
+    the other keeps running and serving, untouched; the config fixed, the next `up` replaces the
+    canary again and rolls the rest. (On this small 2P2D stack: the rollout's steps are the
+    8-node stack's, without its time.)"""
+    decode = {name: endpoint for name, endpoint in
+              ((name, group["endpoint"]) for name, group in stack.outputs()["groups"].value.items()
+               if group["mode"] == "decode")}
+    fixed = current_groups(project)
+    groups = copy.deepcopy(fixed)
+    for name in decode:
+        groups[name]["env"] = groups[name].get("env", {}) | {
+            "SGLANG_STANDIN_EXIT_WHILE_LOADING": "0"}  # one node: its rank 0
+    project.update_stack(STACK, {"groups": groups})
+    before = container_ids(sim)
+    with pytest.raises(auto.CommandError) as failure:
+        stack.up()
+    message = str(failure.value)
+    after = container_ids(sim)
+    replaced = [name for name in decode
+                if after.get(f"kimipd-{name}-r0") != before[f"kimipd-{name}-r0"]]
+    assert len(replaced) == 1, f"the rollout went past its canary: {replaced}"
+    canary = replaced[0]
+    survivor = next(name for name in decode if name != canary)
+    assert f"{survivor} keeps running and serving" in message, message[-3000:]
+    assert f"{canary} holds the decode rollout lease" in message, message[-3000:]
+    assert after[f"kimipd-{survivor}-r0"] == before[f"kimipd-{survivor}-r0"]
+    healthy = healthy_workers(SMALL_ROUTER)
+    assert decode[survivor] in healthy and decode[canary] not in healthy, healthy
+    body = json.dumps({"text": "still", "sampling_params": {"max_new_tokens": 2}}).encode()
+    for _ in range(5):
+        request = urllib.request.Request(SMALL_ROUTER + "/generate", data=body, headers={
+            "Content-Type": "application/json", **AUTHORIZED})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert response.status == 200
+    # Fixed config: the next `up` replaces the canary again, then rolls the rest.
+    project.update_stack(STACK, {"groups": fixed})
+    stack.refresh()
+    stack.up()
+    assert len(healthy_workers(SMALL_ROUTER)) == 4
 
 
 def test_a_dry_run_and_a_recent_update_change_nothing_then_one_pass_heals(
