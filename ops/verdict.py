@@ -102,6 +102,7 @@ class Report:
         document["lostNodes"] = [lost.as_json() for lost in self.lost]
         document["hungUnits"] = [hung.as_json() for hung in self.hung]
         document["loadingUnits"] = [unit.as_json() for unit in self.loading]
+        document["groupStates"] = group_states(self)
         if self.rollout is not None:
             document["rollout"] = (self.rollout.as_json() if not isinstance(self.rollout, str)
                                    else {"error": self.rollout})
@@ -150,6 +151,46 @@ class LoadingUnit:
     def line(self) -> str:
         return (f"{self.unit} loading for {duration(self.seconds)} of its "
                 f"{duration(self.bound)} bound: {self.evidence}")
+
+
+# A 200 from rank 0's /health slower than this: SGLang's check waits for the scheduler's next
+# output, so a late answer is a group busy with long prefills, and healthy.
+BUSY_HEALTH_SECONDS = 5.0
+
+
+def group_states(report: Report) -> dict[str, dict[str, str]]:
+    """Each group's state as SGLang judges it, with the evidence that decided it: `loading`
+    (within its load bound, loading_units), `hung` (every container holding its process, not
+    serving: hung_units), `down` (a container not running), `busy` (every rank answering, rank
+    0's /health 200 but late), `serving`, else `degraded`."""
+    by_group: dict[str, list[Row]] = {}
+    for row in report.rows:
+        if row.ref.group is not None:
+            by_group.setdefault(row.ref.group, []).append(row)
+    loading = {unit.unit: unit for unit in report.loading}
+    hung = {unit.unit for unit in report.hung}
+    states = {}
+    for group, members in sorted(by_group.items()):
+        rank0 = next((row for row in members if row.ref.rank == 0), members[0])
+        health = rank0.health
+        took = f" in {health.seconds:.1f}s" if health.seconds is not None else ""
+        problems = "; ".join(f"{row.ref.role}: {', '.join(row.problems)}"
+                             for row in members if row.problems)
+        if group in loading:
+            state, evidence = "loading", loading[group].line()
+        elif group in hung:
+            state, evidence = "hung", f"every container holds its process; {problems}"
+        elif any(row.docker.state != "running" for row in members):
+            state, evidence = "down", problems
+        elif all(row.health.ok for row in members) and (health.seconds or 0) > BUSY_HEALTH_SECONDS:
+            state, evidence = "busy", (f"rank 0's /health 200{took}: its scheduler is slow to "
+                                       "give an output (long prefills), not stuck")
+        elif all(row.health.ok for row in members):
+            state, evidence = "serving", f"rank 0's /health 200{took}"
+        else:
+            state, evidence = "degraded", problems
+        states[group] = {"state": state, "evidence": evidence}
+    return states
 
 
 # What a loading SGLang's (and the stand-in's) /health 503 says; a hung one says "no output".

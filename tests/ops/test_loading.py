@@ -55,3 +55,33 @@ def test_a_group_that_stalls_or_answers_nothing_is_never_loading() -> None:
 
 def test_an_older_stack_without_a_bound_has_no_loading_group() -> None:
     assert loading_units(group(REFUSED, 60), {"decode-b": None}, NOW) == ([], {})
+
+
+def test_each_group_has_a_state_and_its_evidence() -> None:
+    """serving, busy (a 200 that took 12 s), loading, hung, down: what `kimipd status --json`
+    says of each group (groupStates)."""
+    from ops.verdict import HungUnit, group_states
+
+    fast = HttpAnswer("http://10.0.0.1:30000/health", "direct", 200, seconds=0.2)
+    slow = HttpAnswer("http://10.0.0.1:30000/health", "direct", 200, seconds=12.0)
+    ok_peer = HttpAnswer("http://10.0.0.2:30000/health", "direct", 200, seconds=0.01)
+
+    def rows(name: str, rank0: HttpAnswer, peer: HttpAnswer = ok_peer,
+             state: str = "running") -> list[Row]:
+        made = group(rank0, 60, name)
+        made[0].health, made[1].health = rank0, peer
+        made[1].docker = Docker(state, exit_code=None if state == "running" else 137,
+                                started_at=made[1].docker.started_at)
+        for row in made:
+            row.problems = [] if row.health.ok and row.docker.state == "running" else ["x"]
+        return made
+
+    everything = (rows("a", fast) + rows("b", slow) + rows("c", REFUSED, REFUSED)
+                  + rows("d", STALLED) + rows("e", fast, state="exited"))
+    loading, _ = loading_units(everything, {name: 1800 for name in "abcde"}, NOW)
+    hung = [HungUnit(unit, []) for unit in hung_units(everything, {u.unit for u in loading})]
+    report = Report("s", NOW, True, everything, None, 1, "degraded", hung=hung, loading=loading)
+    states = {name: state["state"] for name, state in group_states(report).items()}
+    assert states == {"a": "serving", "b": "busy", "c": "loading", "d": "hung", "e": "down"}
+    assert "200 in 12.0s" in group_states(report)["b"]["evidence"]
+    assert report.as_json()["groupStates"]["c"]["state"] == "loading"
