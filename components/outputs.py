@@ -43,6 +43,7 @@ from .render import (
 )
 from .render.keepalived import virtual_ip_interface
 from .render.layout import router_state_dir
+from .render.sglang import SGLANG_HEALTH_CHECK_TIMEOUT_DEFAULT, SGLANG_HEALTH_SLEEP_SECONDS
 
 # The outputs' shape; bump it with any change a reader must know of.
 OUTPUTS_VERSION = 1
@@ -73,8 +74,8 @@ class GroupOutput(_Output):
     bootstrap_port: int | None = None
     nodes: list[str]
     # How long rank 0's /health may take and still be healthy, as SGLang judges it
-    # (render/sglang.py, health_seconds): 21 s, SGLang's own, where an older `up` exported none.
-    health_seconds: float = 21.0
+    # (render/sglang.py, health_seconds): SGLang's own default, where an older `up` exported none.
+    health_seconds: float = SGLANG_HEALTH_SLEEP_SECONDS + SGLANG_HEALTH_CHECK_TIMEOUT_DEFAULT
     # How long it may load before a running group that does not serve is hung (groups[].
     # loadBoundSeconds, else gates.timeoutSeconds); None where an older `up` exported none.
     load_bound_seconds: float | None = None

@@ -153,6 +153,15 @@ class LoadingUnit:
                 f"{duration(self.bound)} bound: {self.evidence}")
 
 
+def rows_by_group(rows: list[Row]) -> dict[str, list[Row]]:
+    """Each SGLang group's rows (its ranks), in the order given."""
+    by_group: dict[str, list[Row]] = {}
+    for row in rows:
+        if row.ref.group is not None:
+            by_group.setdefault(row.ref.group, []).append(row)
+    return by_group
+
+
 # A 200 from rank 0's /health slower than this: SGLang's check waits for the scheduler's next
 # output, so a late answer is a group busy with long prefills, and healthy.
 BUSY_HEALTH_SECONDS = 5.0
@@ -163,10 +172,7 @@ def group_states(report: Report) -> dict[str, dict[str, str]]:
     (within its load bound, loading_units), `hung` (every container holding its process, not
     serving: hung_units), `down` (a container not running), `busy` (every rank answering, rank
     0's /health 200 but late), `serving`, else `degraded`."""
-    by_group: dict[str, list[Row]] = {}
-    for row in report.rows:
-        if row.ref.group is not None:
-            by_group.setdefault(row.ref.group, []).append(row)
+    by_group = rows_by_group(report.rows)
     loading = {unit.unit: unit for unit in report.loading}
     hung = {unit.unit for unit in report.hung}
     states = {}
@@ -212,10 +218,7 @@ def loading_units(rows: list[Row], bounds: Mapping[str, float | None],
     """(the groups loading within their bound (BOUNDS: group -> loadBoundSeconds), the groups
     past it -> why they are hung): every container of the group running, rank 0 not serving with
     the evidence of a load (loading_evidence), rank 0 up for less than its bound."""
-    by_group: dict[str, list[Row]] = {}
-    for row in rows:
-        if row.ref.group is not None:
-            by_group.setdefault(row.ref.group, []).append(row)
+    by_group = rows_by_group(rows)
     loading, overdue = [], {}
     for group, members in sorted(by_group.items()):
         rank0 = next((row for row in members if row.ref.rank == 0), None)
