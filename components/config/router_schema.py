@@ -166,6 +166,11 @@ class RouterSpec(Model):
     # 3 failures, take 2-3 minutes).
     health_check_interval_seconds: int = Field(default=5, ge=1)
     health_failure_threshold: int = Field(default=2, ge=1)
+    # rust only: how long a worker's circuit stays open before one trial request. smg counts a
+    # pair's failure against its prefill as well, so every decode dead opens every prefill's
+    # circuit; at smg's default (60 s) the router refuses for up to a minute after the decodes
+    # are back (docs/decisions.md).
+    circuit_breaker_timeout_seconds: int = Field(default=5, ge=1)
     # rust only: how long a drain waits for a removed group's in-flight requests to finish
     # before its containers are replaced anyway; also the router's own shutdown grace when it
     # is replaced.

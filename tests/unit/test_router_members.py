@@ -84,9 +84,9 @@ class Cluster:
         self.urls[name] = f"http://127.0.0.1:{port}"
 
     def start_router(self, python: Path, port: int | None = None, name: str = "router",
-                     check_port: int | None = None) -> str:
+                     check_port: int | None = None, extra: tuple[str, ...] = ()) -> str:
         """A real router on PORT (a free one unless said), with its pair check on CHECK_PORT
-        if given; the first one is self.router."""
+        if given and EXTRA router flags; the first one is self.router."""
         port = port or free_port()
         url = f"http://127.0.0.1:{port}"
         self.router = self.router or url
@@ -95,7 +95,7 @@ class Cluster:
                               "--api-key-file", str(self.key_file), *check, "--",
                               "--pd-disaggregation",
                               "--policy", "round_robin", "--host", "127.0.0.1", "--port",
-                              str(port), "--prometheus-port", str(free_port())],
+                              str(port), "--prometheus-port", str(free_port()), *extra],
                    dict(os.environ, HF_HUB_OFFLINE="1", HF_ENDPOINT="http://127.0.0.1:9",
                         NO_PROXY="*"))
         wait_until(lambda: answers(url + "/health") == 200, 30, f"{name} up")
@@ -413,3 +413,74 @@ def test_the_router_itself_refuses_a_prefill_and_a_decode_of_two_contracts(
     finally:
         sys.path.remove(str(REPO / "assets"))
         cluster.stop_one("router-paired")
+
+
+def rendered_flags(*names: str) -> tuple[str, ...]:
+    """NAMES with their values as the program renders the sim stack's router."""
+    from components.config import load_cluster_config
+    from components.render import router_command
+    from tests.conftest import stack_values
+    argv = router_command(load_cluster_config(stack_values("sim-2p2d")))
+    return tuple(item for name in names for item in (name, argv[argv.index(name) + 1]))
+
+
+def generate_until(url: str, stop: threading.Event, answers_seen: list) -> None:
+    """One small /generate after another until STOP: (sent, status, error code) each."""
+    while not stop.is_set():
+        sent = time.monotonic()
+        status, body = post(url + "/generate", {"text": "hi",
+                                                "sampling_params": {"max_new_tokens": 2}})
+        answers_seen.append((sent, status, (body.get("error") or {}).get("code", "")))
+        time.sleep(0.05)
+
+
+def test_a_decode_mode_dead_then_back_serves_as_soon_as_it_is_registered_again(
+        tmp_path: Path) -> None:
+    """Every decode dead opens every prefill's circuit (smg counts a pair's failure against its
+    prefill too). With the program's circuit timeout the router serves again once the healed
+    decode is registered again; at smg's 60 s it went on refusing for half a minute after."""
+    python = Path(os.environ["KIMIPD_REAL_SGLANG_VENV"]) / "bin" / "python"
+    cluster = Cluster(tmp_path)
+    stop, seen = threading.Event(), []
+    load = threading.Thread(target=generate_until, args=("", stop, seen))
+    try:
+        cluster.server("prefill-a", "prefill")
+        cluster.server("decode-a", "decode")
+        for url in cluster.urls.values():
+            wait_until(lambda url=url: answers(url + "/health") == 200, 30, f"{url} healthy")
+        router = cluster.start_router(python, extra=rendered_flags(
+            "--health-check-interval-secs", "--health-failure-threshold",
+            "--cb-timeout-duration-secs", "--retry-max-retries"))
+        for name in ("prefill-a", "decode-a"):
+            assert cluster.members("admit", name).returncode == 0
+        load = threading.Thread(target=generate_until, args=(router, stop, seen))
+        load.start()
+        time.sleep(2)
+        decode_port = cluster.urls["decode-a"].rsplit(":", 1)[1]
+        cluster.stop_one("decode-a")
+        died = time.monotonic()
+        wait_until(lambda: any(status == 503 for sent, status, _ in seen if sent > died), 20,
+                   "the router refusing")
+        time.sleep(12)  # dead past the circuit's timeout: it re-opens on its trial request
+        assert cluster.members("drain", "decode-a").returncode == 0
+        cluster.start("decode-a-again", [
+            sys.executable, "-m", "sglang.launch_server", "--model-path", str(tmp_path),
+            "--host", "127.0.0.1", "--port", decode_port, "--disaggregation-mode", "decode"],
+            dict(os.environ, PYTHONPATH=str(STANDIN), SGLANG_STANDIN_LOAD_SECONDS="0"))
+        wait_until(lambda: answers(cluster.urls["decode-a"] + "/health") == 200, 30,
+                   "decode-a back")
+        assert cluster.members("admit", "decode-a").returncode == 0
+        registered = time.monotonic()
+        time.sleep(8)
+    finally:
+        stop.set()
+        if load.is_alive():
+            load.join(20)
+        cluster.stop()
+    refused = [(round(sent - died, 1), status, code) for sent, status, code in seen
+               if sent > died and status != 200]
+    assert ("no_available_workers" in {code for _, _, code in refused}), refused[:5]
+    late = [answer for answer in refused if answer[0] > registered - died + 1]
+    assert not late, (f"refused after decode-a was registered again at "
+                      f"{registered - died:.1f}s: {late[:5]}")
+    assert sum(1 for sent, status, _ in seen if sent > registered + 1 and status == 200) >= 20
