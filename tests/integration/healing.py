@@ -36,6 +36,19 @@ def kill_server(sim: SimCluster, node: str, container: str) -> float:
     return time.monotonic()
 
 
+def stop_server(sim: SimCluster, node: str, container: str) -> float:
+    """SIGSTOP to the server process inside CONTAINER: alive, its container running, answering
+    nothing (what a rank stuck in a collective looks like from outside). The nodes' engines run
+    in this machine's PID namespace, so docker's Pid is this machine's; the SIGKILL of a later
+    `docker rm -f` ends a stopped process as any other. Returns when it was sent."""
+    pid = sim.docker(node, "inspect", "--format", "{{.State.Pid}}", container)
+    assert pid.returncode == 0 and int(pid.stdout) > 0, pid.stderr
+    os.kill(int(pid.stdout), signal.SIGSTOP)
+    state = sim.docker(node, "inspect", "--format", "{{.State.Status}}", container)
+    assert state.stdout.strip() == "running", state.stdout
+    return time.monotonic()
+
+
 def wait_exited(sim: SimCluster, node: str, container: str, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -1,14 +1,13 @@
 """Healing a frozen rank without a human, through the real engine on the sim with the rust router
-(stack file Pulumi.sim-2p2d.yaml, on test_rollout.py's stack): one rank of a two-node decode
-group paused or stopped (processes alive, answering nothing) under load, and `reconcile --watch`,
-started from the systemd unit's own ExecStart line and environment file, replaces exactly that
-group's containers. reconcile's other decisions (a dry run, a person's window, `serving: false`,
-a lock, the heal limit) are test_heal_decisions.py's, on a small stack beside these."""
+(stack file Pulumi.sim-2p2d.yaml, on test_rollout.py's stack): rank 1 of a two-node decode group
+stopped (its process alive, its container running, answering nothing) under load, and
+`reconcile --watch`, started from the systemd unit's own ExecStart line and environment file,
+replaces exactly that group's containers. reconcile's other decisions (a dry run, a person's
+window, `serving: false`, a lock, the heal limit) are test_heal_decisions.py's, on a small stack
+beside these."""
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from collections.abc import Iterator
 
@@ -19,7 +18,8 @@ from sim.automation import Project
 from tests.integration.engine import (  # noqa: F401 - fixtures
     ROUTER, SHARED_2P2D, container_ids, shared_2p2d, shared_2p2d_project, shared_2p2d_sim,
     shared_2p2d_stack)
-from tests.integration.healing import decisions, heal_under_load, reconcile_service
+from tests.integration.healing import (
+    decisions, heal_under_load, reconcile_service, stop_server)
 from tests.integration.sim import SimCluster
 from tests.ops.loopback import wait_until
 
@@ -31,9 +31,9 @@ DECODE = {"decode-a": ("10.231.60.5", "10.231.60.6"), "decode-b": ("10.231.60.7"
 
 @pytest.fixture(scope="class")
 def frozen_service(project: Project, tmp_path_factory) -> Iterator[dict]:
-    """One service for the frozen-rank tests, which heal decode-b once each: starting one (its
-    first pass refreshes the 8-node stack) cost each of them half a minute. Each test reads the
-    decisions logged after it started (`decisions(log, since)`)."""
+    """The frozen-rank test's reconcile service, for the class (more tests of it share one:
+    starting one, whose first pass refreshes the 8-node stack, costs half a minute). A test reads
+    the decisions logged after it started (`decisions(log, since)`)."""
     # Ten: the limit is test_heal_decisions.py's to prove; here a heal of what an earlier test
     # left broken must not use up the heals these are about.
     with reconcile_service(project, STACK, tmp_path_factory.mktemp("frozen-heals"),
@@ -42,22 +42,19 @@ def frozen_service(project: Project, tmp_path_factory) -> Iterator[dict]:
 
 
 class TestFrozenRank:
-    """The frozen-rank heals, on one reconcile service (`frozen_service`, stopped after the
+    """The frozen-rank heal, on one reconcile service (`frozen_service`, stopped after the
     class: the next test starts a service of its own)."""
 
-    # Two, not every pairing: docker pause of rank 0 (docker's state gives it away), and SIGSTOP
-    # of rank 1 (every container running, rank 0 alive: an NCCL stall's signature). A third cost
-    # the 8-node session two minutes and walked no other path of the heal.
-    @pytest.mark.parametrize(("how", "rank"), [("pause", 0), ("sigstop", 1)])
-    def test_watch_replaces_a_group_with_a_paused_rank_under_load(
-            self, stack: auto.Stack, sim: SimCluster, frozen_service: dict, how: str,
-            rank: int) -> None:
-        """One rank of decode-b frozen: `docker pause` (docker says paused), or SIGSTOP of the
-        server's process itself (docker says running: what a rank stuck in a collective looks like
-        from outside). The group hangs (the stand-in stalls as SGLang's collectives do: rank 0's
-        /health goes unanswered or 503), refresh sees no drift, and reconcile replaces exactly
-        decode-b's containers by name (`up --replace`), with no person. The two share one
-        service (`frozen_service`): each reads what was logged after it began."""
+    # SIGSTOP of rank 1: every container running, rank 0 alive: an NCCL stall's signature. A
+    # `docker pause` of rank 0 (docker's state gives it away) walked no other path of the heal
+    # and cost the 8-node session three minutes: reconcile's judgement of a paused container is
+    # test_heal_policy.py's, and test_heal_decisions.py stops a rank 0 whose heal is refused.
+    def test_watch_replaces_a_group_with_a_stopped_rank_1_under_load(
+            self, stack: auto.Stack, sim: SimCluster, frozen_service: dict) -> None:
+        """decode-b's rank 1 SIGSTOPped: docker says running. The group hangs (the stand-in
+        stalls as SGLang's collectives do: rank 0's /health goes unanswered or 503), refresh sees
+        no drift, and reconcile replaces exactly decode-b's containers by name (`up
+        --replace`), with no person."""
         log = frozen_service["log.jsonl"]
         started = len(decisions(log))
         wait_until(lambda: [d for d in decisions(log, started) if d.get("decision") == "healthy"],
@@ -66,30 +63,14 @@ class TestFrozenRank:
         # something an earlier test left broken).
         since = len(decisions(log))
         before = container_ids(sim)
-        node, container = DECODE["decode-b"][rank], f"kimipd-decode-b-r{rank}"
-
-        def freeze() -> float:
-            if how == "pause":
-                paused = sim.docker(node, "pause", container)
-                assert paused.returncode == 0, paused.stderr
-            else:
-                # The server is the container's PID 1 (launch.sh execs it); the nodes' engines run
-                # in this machine's PID namespace, so docker's Pid is this machine's. SIGKILL from
-                # the heal's `docker rm -f` ends a stopped process as any other.
-                pid = sim.docker(node, "inspect", "--format", "{{.State.Pid}}", container)
-                assert pid.returncode == 0 and int(pid.stdout) > 0, pid.stderr
-                os.kill(int(pid.stdout), signal.SIGSTOP)
-                state = sim.docker(node, "inspect", "--format", "{{.State.Status}}", container)
-                assert state.stdout.strip() == "running", state.stdout
-            return time.monotonic()
-
+        node, container = DECODE["decode-b"][1], "kimipd-decode-b-r1"
         run = heal_under_load(sim, log, "decode-b", f"http://{DECODE['decode-b'][0]}:30000",
-                              ROUTER, freeze, since)
+                              ROUTER, lambda: stop_server(sim, node, container), since)
         lines = decisions(log, since)
         healed = [d for d in lines if d.get("decision") == "healed"]
         failed = run.failed_since_broken()
         back = run.back_at - run.broken_at
-        print(f"{how} of decode-b rank {rank}: serving whole again after {back:.1f}s; "
+        print(f"SIGSTOP of decode-b rank 1: serving whole again after {back:.1f}s; "
               f"{len(run.results)} requests, {len(failed)} failed {failed}; "
               f"heal {healed[0]['seconds'] if healed else '-'}s, replaced "
               f"{healed[0].get('replace') if healed else '-'}")
@@ -106,6 +87,6 @@ class TestFrozenRank:
         assert len(run.results) > 20
         assert all(sent < back for sent, _ in failed), failed
         # The hang is seen after SGLANG_HEALTH_CHECK_TIMEOUT (20 s) or the probe's timeout, the
-        # grace is 4 s, the drain of a hung group waits out drainTimeoutSeconds (60 s), then one
-        # group load (3 s) and the admission: 240 s is twice that.
+        # grace is 4 s, the drain of a hung group ends once its rank 0's /health has failed for
+        # a while, then one group load (3 s) and the admission: 240 s is room for a busy machine.
         assert back < 240, f"serving whole again only after {back:.0f}s"

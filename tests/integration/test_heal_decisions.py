@@ -3,8 +3,9 @@ of one node behind the rust router and its door: engine.small_2p2d_values), besi
 modules: a dry run, a person's recent update, `serving: false` in the config and someone else's
 lock change nothing, and one pass heals a killed group; `reconcile --watch`, started from the
 systemd unit's own ExecStart line and environment file, heals a decode rank killed with SIGKILL
-under load and refuses the second heal of the hour. What needs the two-node groups and the door
-on two nodes (a frozen rank, a whole mode, a lost node) is test_heal.py's and test_door.py's.
+under load and refuses the second heal of the hour (a hang, exported for its alert). What needs
+the two-node groups and the door on two nodes (a frozen rank, a whole mode, a lost node) is
+test_heal.py's and test_door.py's.
 Tests run in file order on one stack."""
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from tests.integration.engine import (  # noqa: F401 - fixtures
     new_stack, project, settled_status, small_2p2d_values, small_sim, status_problems)
 from tests.integration.healing import (
     PASSPHRASE, command_line, decisions, descendants, heal_under_load, healthy_workers,
-    kill_server, reconcile_once, reconcile_service, wait_exited)
+    kill_server, reconcile_once, reconcile_service, stop_server, wait_exited)
 from tests.integration.sim import SMALL_NODES, SimCluster
 from tests.ops.loopback import wait_until
 
@@ -270,6 +271,51 @@ def test_a_dry_run_and_a_recent_update_change_nothing_then_one_pass_heals(
         (0, "serving", 200), (report["generate"], status_problems(report))
 
 
+HUNG_METRIC = "kimipd_reconcile_hung_since_timestamp_seconds"
+
+
+def hung_series(metrics: str) -> list[dict[str, str]]:
+    """The label sets of reconcile's hung-unit gauge in METRICS (its textfile)."""
+    from prometheus_client.parser import text_string_to_metric_families
+    return [dict(sample.labels) for family in text_string_to_metric_families(metrics)
+            for sample in family.samples if sample.name == HUNG_METRIC]
+
+
+def assert_hung_alert_fires(labels: dict[str, str], work: Path) -> None:
+    """KimipdUnitHungNotHealed, as the observability stack renders it, fires on the series
+    reconcile wrote (LABELS, as node_exporter's textfile collector would export them) once
+    alerts.hungNotHealedForSeconds has passed: promtool's rule tester, no Prometheus."""
+    from observability.config import AlertsSpec
+    from observability.rules import RULES_FILE, rules_yaml
+    (work / RULES_FILE).write_text(rules_yaml(AlertsSpec(), 2.5, "alerts.ttftSeconds"))
+    series = HUNG_METRIC + "{" + ", ".join(
+        f'{key}="{value}"' for key, value in sorted(({"job": "node", "instance": "operator:9100"}
+                                                     | labels).items())) + "}"
+    bound = AlertsSpec().hung_not_healed_for_seconds
+    stack, unit, decision = labels["stack"], labels["unit"], labels["decision"]
+    test = {"rule_files": [RULES_FILE], "evaluation_interval": "15s", "tests": [{
+        "interval": "15s",
+        "input_series": [{"series": series, "values": "0x40"}],
+        "alert_rule_test": [
+            {"eval_time": f"{bound - 30}s", "alertname": "KimipdUnitHungNotHealed",
+             "exp_alerts": []},
+            {"eval_time": f"{bound + 30}s", "alertname": "KimipdUnitHungNotHealed",
+             "exp_alerts": [{
+                 "exp_labels": {"severity": "critical", "job": "node",
+                                "instance": "operator:9100", **labels},
+                 # What the person paged reads: the unit, and why reconcile leaves it.
+                 "exp_annotations": {
+                     "summary": f"{unit} of {stack} is hung (running, not serving) and reconcile "
+                                f"does not heal it: {decision}",
+                     "action": f"scripts/kimipd status -s {stack}; reconcile's log says why "
+                               f"({decision}, docs/healing.md); scripts/kimipd logs -s {stack} "
+                               f"--role {unit}"}}]}]}]}
+    (work / "hung.test.yml").write_text(yaml.safe_dump(test))
+    result = subprocess.run(["promtool", "test", "rules", "hung.test.yml"], cwd=work,
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 @pytest.fixture
 def service(project: Project, tmp_path: Path) -> Iterator[dict]:
     """A service of the test's own, whose limit is one heal of a unit an hour."""
@@ -278,7 +324,7 @@ def service(project: Project, tmp_path: Path) -> Iterator[dict]:
 
 
 def test_watch_heals_a_killed_decode_rank_under_load_then_stops_at_the_limit(
-        stack: auto.Stack, sim: SimCluster, url: str, service: dict) -> None:
+        stack: auto.Stack, sim: SimCluster, url: str, service: dict, tmp_path: Path) -> None:
     log = service["log.jsonl"]
     first = wait_until_logged(log, "healthy", "a first healthy pass")
     # What the router sees is logged beside the decision.
@@ -318,16 +364,25 @@ def test_watch_heals_a_killed_decode_rank_under_load_then_stops_at_the_limit(
                              capture_output=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
-    # The second death within the hour: refused at --max-heals-per-hour 1, and left alone.
-    kill_server(sim, NODE, CONTAINER)
+    # The second failure within the hour, a hang this time (its process stopped, its container
+    # running, /health unanswered): refused at --max-heals-per-hour 1, left alone, and exported
+    # as a hung unit reconcile does not heal, which KimipdUnitHungNotHealed fires on.
+    replaced = container_ids(sim)[CONTAINER]
+    stop_server(sim, NODE, CONTAINER)
     limited = wait_until_logged(log, "limited", "the limit's refusal of decode-b alone",
                                 units=[GROUP])
     assert limited["exitCode"] == 2, limited
     assert "healed 1 times in the last hour (limit 1" in limited["message"], limited
     time.sleep(6)
-    assert container_ids(sim)[CONTAINER].endswith("exited"), "healed past the limit"
+    assert container_ids(sim)[CONTAINER] == replaced, "healed past the limit"
     assert not any(d.get("event") == "heal-start" and d["units"] == [GROUP]
                    for d in decisions(log)[lines.index(healed[0]) + 1:])
+    hung = hung_series(service["reconcile.prom"].read_text())
+    assert [(labels["stack"], labels["unit"], labels["decision"]) for labels in hung] == \
+        [(STACK, GROUP, "limited")], hung
+    assert_hung_alert_fires(hung[0], tmp_path)
+    # Dead, as before: the module's destroy then takes an exited group, not a hung one.
+    kill_server(sim, NODE, CONTAINER)
 
     # The passphrase is in the service's environment only: no command line, no log line.
     process = service["process"]
