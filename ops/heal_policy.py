@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from .stack_engine_types import UpdateEntry
-from .verdict import Report, hung_units, unit_of
+from .verdict import LoadingUnit, Report, hung_units, unit_of
 
 HOUR = 3600.0
 
@@ -102,7 +102,7 @@ class Memory:
 class Decision:
     """One pass's verdict: `kind` is the JSON log's `decision` field."""
 
-    kind: str  # healthy | not-serving | grace | limited | backoff | unreachable | heal |
+    kind: str  # healthy | loading | not-serving | grace | limited | backoff | unreachable | heal |
     #            locked | human-window | pending-changes; a slot without a group:
     #            re-registered | would-register | register-failed | unregistered |
     #            rollout-under-way | rollout-unknown (ops/rollout.py)
@@ -183,9 +183,10 @@ def _recent(heals: Iterable[float], now: float) -> list[float]:
 
 
 def assess(broken: Mapping[str, Breakage], memory: Memory, limits: Limits, now: float,
-           serving: bool) -> Decision:
+           serving: bool, loading: Iterable[LoadingUnit] = ()) -> Decision:
     """The verdict before the engine is asked anything; `heal` means: go on to the stack checks
-    (`engine_checks`). Updates MEMORY's broken-since times."""
+    (`engine_checks`). LOADING: the groups loading within their bound (status's judgement),
+    waited for when nothing else is broken. Updates MEMORY's broken-since times."""
     for name, unit in memory.units.items():
         unit.heals = _recent(unit.heals, now)
         if name not in broken:
@@ -193,6 +194,15 @@ def assess(broken: Mapping[str, Breakage], memory: Memory, limits: Limits, now: 
     if not serving:
         return Decision("not-serving", (), "serving is false: no container is meant to run, "
                         "nothing to heal", SERVING)
+    loading = sorted(loading, key=lambda unit: unit.unit)
+    if not broken and loading:
+        # Not healthy (it serves nothing yet) and not broken: a replacement loads it again.
+        return Decision(
+            "loading", tuple(unit.unit for unit in loading),
+            "; ".join(f"{unit.unit} loading: up {unit.seconds:.0f}s of its "
+                      f"{unit.bound:.0f}s load bound ({unit.evidence})" for unit in loading)
+            + "; hung once past it", WAITING,
+            {"loading": [unit.as_json() for unit in loading]})
     if not broken:
         memory.last_healthy = now
         return Decision("healthy", (), "every unit serves", SERVING)

@@ -168,7 +168,8 @@ class Reconciler:
         self.hung = tuple(sorted(unit for unit, breakage in broken.items() if breakage.hung))
         note_lost_nodes(self.memory, unreachable_nodes(report), now)
         decision = assess(broken, self.memory, self.settings.limits, now,
-                          serving=stack.topology.serving and stack.serving_config)
+                          serving=stack.topology.serving and stack.serving_config,
+                          loading=report.loading)
         if decision.kind == "healthy" and (missing := missing_from_slots(report)):
             return self._register_again(stack, missing, report.rollout)
         if decision.kind != "heal":

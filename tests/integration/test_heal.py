@@ -8,7 +8,6 @@ beside these."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import pytest

@@ -20,6 +20,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -55,10 +56,18 @@ LONG_TOKENS = 50 * DECODE_B_TOKENS_PER_S
 BUSY_HEALTH_FILE = "/tmp/sglang-standin-busy-health-seconds"
 
 
+# decode-b's load bound (groups.decode-b.loadBoundSeconds): well past reconcile's grace (4 s)
+# and a few passes, short of what a restarted decode-b loads for (LOAD_FILE).
+LOAD_BOUND_SECONDS = 40
+# What the stand-in reads at a start (sim/standin/README.md): seconds it loads for.
+LOAD_FILE = "/tmp/sglang-standin-load-seconds"
+
+
 def module_values(sim: SimCluster) -> dict:
     values = small_2p2d_values(sim)
     values["groups"][GROUP]["env"] = {
         "SGLANG_STANDIN_DECODE_TOKENS_PER_S": str(DECODE_B_TOKENS_PER_S)}
+    values["groups"][GROUP]["loadBoundSeconds"] = LOAD_BOUND_SECONDS
     return values
 
 
@@ -271,6 +280,44 @@ def test_a_dry_run_and_a_recent_update_change_nothing_then_one_pass_heals(
         (0, "serving", 200), (report["generate"], status_problems(report))
 
 
+def test_a_restarted_group_loading_is_left_alone_within_its_bound_then_replaced(
+        stack: auto.Stack, sim: SimCluster, project: Project, url: str, tmp_path: Path) -> None:
+    """decode-b's container restarted (a node that rebooted, a restart policy) loads for 10
+    minutes: its port answers /health 503 "loading model". reconcile --watch, its grace 4 s,
+    logs `loading` and touches nothing while the group is up for less than its load bound; past
+    the bound the group is hung, and replaced (a new container loads in seconds)."""
+    with reconcile_service(project, STACK, tmp_path, max_heals=1) as service:
+        log = service["log.jsonl"]
+        wait_until_logged(log, "healthy", "a first healthy pass")
+        written = sim.docker(NODE, "exec", CONTAINER, "sh", "-c", f"echo 600 > {LOAD_FILE}")
+        assert written.returncode == 0, written.stderr
+        assert sim.docker(NODE, "restart", "--time", "5", CONTAINER).returncode == 0
+        restarted_at = time.time()
+        before = container_ids(sim)
+        loading = wait_until_logged(log, "loading", "a pass that waits for decode-b's load",
+                                    units=[GROUP])
+        assert f"{GROUP} loading: up " in loading["message"], loading
+        assert f"of its {LOAD_BOUND_SECONDS}s load bound" in loading["message"], loading
+        healed = wait_until_logged(log, "healed", "decode-b replaced past its load bound",
+                                   units=[GROUP], seconds=LOAD_BOUND_SECONDS + 180)
+    lines = decisions(log)
+    first = next(i for i, line in enumerate(lines) if line.get("decision") == "loading")
+    judged = [line.get("decision") for line in lines[first:lines.index(healed)]]
+    heal_start = next(line for line in lines[first:] if line.get("event") == "heal-start")
+    began = datetime.fromisoformat(heal_start["time"]).timestamp() - restarted_at
+    print(f"restarted decode-b loading: passes {judged}; the heal began {began:.1f}s after the "
+          f"restart, took {healed['seconds']}s, replaced {healed.get('replace')}")
+    # Within the bound only waiting (`loading`), then the grace of a hung unit and its heal.
+    assert judged.count("loading") >= 3 and set(judged) <= {"loading", "grace"}, judged
+    # The bound decided, not the grace: rank 0 started before `docker restart` returned.
+    assert began >= LOAD_BOUND_SECONDS - 5, f"healed {began:.0f}s into a {LOAD_BOUND_SECONDS}s load"
+    after = container_ids(sim)
+    assert after[CONTAINER] != before[CONTAINER], "the hung group kept its container"
+    assert_replaced_only(before, after, f"kimipd-{GROUP}-")
+    assert healed.get("replace") == [f"node-{NODE.replace('.', '-')}-decode"], healed
+    wait_until(lambda: url in healthy_workers(SMALL_ROUTER), 60, "decode-b serving again")
+
+
 HUNG_METRIC = "kimipd_reconcile_hung_since_timestamp_seconds"
 
 
@@ -396,7 +443,7 @@ def test_watch_heals_a_killed_decode_rank_under_load_then_stops_at_the_limit(
 
 
 def wait_until_logged(log: Path, decision: str, what: str,
-                      units: list[str] | None = None) -> dict:
-    """The first DECISION logged (of UNITS alone, if given), within 120 s."""
+                      units: list[str] | None = None, seconds: float = 120) -> dict:
+    """The first DECISION logged (of UNITS alone, if given), within SECONDS."""
     return wait_until(lambda: [d for d in decisions(log) if d.get("decision") == decision
-                               and (units is None or d["units"] == units)], 120, what)[0]
+                               and (units is None or d["units"] == units)], seconds, what)[0]

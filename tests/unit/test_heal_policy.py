@@ -13,7 +13,7 @@ from ops.heal_policy import (MESSAGE_PREFIX, REFUSED, SERVING, WAITING, Breakage
 from ops.probe import HttpAnswer
 from ops.topology import ContainerRef
 from ops.stack_engine_types import UpdateEntry
-from ops.verdict import Docker, Report, Row
+from ops.verdict import Docker, LoadingUnit, Report, Row
 
 LIMITS = Limits(grace_seconds=60, max_heals_per_hour=2, backoff_seconds=60,
                 backoff_max_seconds=200, human_window_seconds=900)
@@ -71,6 +71,19 @@ def test_a_unit_is_healed_only_once_it_stayed_broken_past_the_grace() -> None:
     healthy = assess({}, memory, LIMITS, NOW + 61, serving=True)
     assert (healthy.kind, healthy.exit_code, memory.last_healthy) == ("healthy", SERVING, NOW + 61)
     assert assess(DEAD, memory, LIMITS, NOW + 62, serving=True).kind == "grace"
+
+
+def test_a_group_loading_within_its_bound_is_waited_for_and_is_not_healthy() -> None:
+    memory = Memory()
+    loading = [LoadingUnit("decode-b", 20.4, 45.0, "rank 0's port refuses connections")]
+    decision = assess({}, memory, LIMITS, NOW, serving=True, loading=loading)
+    assert (decision.kind, decision.exit_code, decision.units) == ("loading", WAITING,
+                                                                   ("decode-b",))
+    assert "decode-b loading: up 20s of its 45s load bound" in decision.message
+    assert decision.details["loading"][0]["boundSeconds"] == 45.0
+    assert memory.last_healthy is None
+    # Another unit broken meanwhile is judged as ever: the loading one is no reason to wait.
+    assert assess(DEAD, memory, LIMITS, NOW, serving=True, loading=loading).kind == "grace"
 
 
 def test_nothing_is_healed_when_the_stack_is_meant_to_be_down() -> None:

@@ -34,6 +34,19 @@ TTFT_BUCKETS: Tuple[float, ...] = (
 )
 
 
+# Written inside a container by a test (docker exec) before it restarts the container: seconds
+# the next start loads for, as a node that rebooted reloads its weights (Standin.load_seconds).
+LOAD_SECONDS_FILE = "/tmp/sglang-standin-load-seconds"
+
+
+def _load_seconds() -> float:
+    try:
+        with open(LOAD_SECONDS_FILE, encoding="utf-8") as stream:
+            return max(0.0, float(stream.read().strip()))
+    except (OSError, ValueError):
+        return max(0.0, _env_float("SGLANG_STANDIN_LOAD_SECONDS", 2.0))
+
+
 def _env_ranks(name: str) -> List[int]:
     raw = os.environ.get(name, "").strip()
     if not raw:
@@ -56,7 +69,7 @@ class Standin:
         self.rank: int = args.node_rank
         self.nnodes: int = args.nnodes
         self.mode: str = args.disaggregation_mode
-        self.load_seconds = max(0.0, _env_float("SGLANG_STANDIN_LOAD_SECONDS", 2.0))
+        self.load_seconds = _load_seconds()
         self.exit_while_loading = self.rank in _env_ranks("SGLANG_STANDIN_EXIT_WHILE_LOADING")
         self.kv_wait_seconds = max(0.0, _env_float("SGLANG_STANDIN_KV_WAIT_SECONDS", 5.0))
         self.dist_timeout = max(0.0, _env_float("SGLANG_STANDIN_DIST_TIMEOUT", 600.0))

@@ -1291,3 +1291,15 @@ def test_a_busy_rank0_answers_health_late_and_still_200_and_an_idle_one_at_once(
     assert health(g["url"]) == 200
     assert time.monotonic() - started >= 2.0
     long.join(30)
+
+
+def test_a_load_seconds_file_overrides_the_env_at_start(tmp_path, monkeypatch):
+    """What a test writes into a container before restarting it: that start loads this long."""
+    from sglang_standin import state
+    monkeypatch.setenv("SGLANG_STANDIN_LOAD_SECONDS", "3")
+    monkeypatch.setattr(state, "LOAD_SECONDS_FILE", str(tmp_path / "load-seconds"))
+    assert state._load_seconds() == 3.0
+    (tmp_path / "load-seconds").write_text("90\n")
+    assert state._load_seconds() == 90.0
+    (tmp_path / "load-seconds").write_text("soon\n")
+    assert state._load_seconds() == 3.0
