@@ -166,6 +166,11 @@ class RouterSpec(Model):
     # 3 failures, take 2-3 minutes).
     health_check_interval_seconds: int = Field(default=5, ge=1)
     health_failure_threshold: int = Field(default=2, ge=1)
+    # rust only: how long one health check waits. A hung group keeps getting new requests for
+    # about threshold x this + the interval (10.9 s measured at 2 s, 2 and 5 s); a busy SGLang
+    # answers /health only at its scheduler's next output, so a shorter wait takes busy groups
+    # out of rotation too (docs/decisions.md). smg's default.
+    health_check_timeout_seconds: int = Field(default=5, ge=1)
     # rust only: how long a worker's circuit stays open before one trial request. smg counts a
     # pair's failure against its prefill as well, so every decode dead opens every prefill's
     # circuit; at smg's default (60 s) the router refuses for up to a minute after the decodes

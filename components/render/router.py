@@ -69,6 +69,7 @@ def router_command(cfg: ClusterConfig, slot: str | None = None) -> list[str]:
             "--retry-max-retries", str(router.retry_max_retries),
             "--health-check-interval-secs", str(router.health_check_interval_seconds),
             "--health-failure-threshold", str(router.health_failure_threshold),
+            "--health-check-timeout-secs", str(router.health_check_timeout_seconds),
             "--cb-timeout-duration-secs", str(router.circuit_breaker_timeout_seconds),
             "--prometheus-port", str(metrics_port),
             "--prometheus-host", "0.0.0.0",

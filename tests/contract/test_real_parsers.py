@@ -152,6 +152,7 @@ def expected_router_values(cfg: ClusterConfig) -> dict[str, Any]:
         "retry_max_retries": router.retry_max_retries,
         "health_check_interval_secs": router.health_check_interval_seconds,
         "health_failure_threshold": router.health_failure_threshold,
+        "health_check_timeout_secs": router.health_check_timeout_seconds,
         "cb_timeout_duration_secs": router.circuit_breaker_timeout_seconds,
         "prometheus_port": router.metrics_port,
         "prometheus_host": "0.0.0.0",

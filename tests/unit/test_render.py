@@ -169,7 +169,7 @@ def test_rust_router_argv_names_no_worker_and_bounds_a_request(pro6000: dict) ->
     assert flags["--decode-policy"] == "round_robin"
     assert (flags["--request-timeout-secs"], flags["--retry-max-retries"]) == ("600", "3")
     assert (flags["--health-check-interval-secs"], flags["--health-failure-threshold"]) == ("5", "2")
-    assert flags["--cb-timeout-duration-secs"] == "5"
+    assert (flags["--cb-timeout-duration-secs"], flags["--health-check-timeout-secs"]) == ("5", "5")
     assert (flags["--prometheus-port"], flags["--prometheus-host"]) == ("29000", "0.0.0.0")
     # The container runs the same argv behind router-launch.py, which reads the key file.
     command = router_plan(cfg).command

@@ -48,6 +48,7 @@ MANAGED_ROUTER_FLAGS = {
     "retry_max_retries": "router.retryMaxRetries",
     "health_check_interval_secs": "router.healthCheckIntervalSeconds",
     "health_failure_threshold": "router.healthFailureThreshold",
+    "health_check_timeout_secs": "router.healthCheckTimeoutSeconds",
     "cb_timeout_duration_secs": "router.circuitBreakerTimeoutSeconds",
     "api_key": "the secret routerApiKey (never on a command line)",
     "shutdown_grace_period_secs": "router.drainTimeoutSeconds",
