@@ -3,13 +3,13 @@ resource has no read, so a flushed ruleset goes unseen until someone looks)."""
 
 from __future__ import annotations
 
-from .remote import RemoteError, Transport
+from .remote import RemoteError, Transport, run_patiently
 
 
 def firewall_on_node(transport: Transport, node: str, table: str, timeout: float) -> str:
     """present, missing, or unknown and why: the program's TABLE on NODE."""
     try:
-        result = transport.run(node, f"nft list table {table} >/dev/null", timeout=timeout)
+        result = run_patiently(transport, node, f"nft list table {table} >/dev/null", timeout)
     except RemoteError as error:
         return f"unknown: {error}"
     if result.status == 0:

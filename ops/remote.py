@@ -66,6 +66,21 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
+# A read-only probe that timed out on a node whose SSH answered is tried once more, this many
+# times longer: a node (or this host) busy starting containers answers late, and a verdict of
+# "unknown" for that raised a degraded status and a reconcile decision out of nothing.
+SLOW_NODE_FACTOR = 3
+
+
+def run_patiently(transport: Transport, node: str, command: str, timeout: float) -> RemoteResult:
+    """TRANSPORT.run of a read-only COMMAND, once more with SLOW_NODE_FACTOR x TIMEOUT after a
+    CommandTimeout (never after a connection failure: a lost node stays quick to call lost)."""
+    try:
+        return transport.run(node, command, timeout=timeout)
+    except CommandTimeout:
+        return transport.run(node, command, timeout=SLOW_NODE_FACTOR * timeout)
+
+
 def load_private_key(text: str) -> paramiko.PKey:
     """The `sshPrivateKey` secret (OpenSSH or PEM text) as a key object, without touching disk."""
     problems = []

@@ -11,7 +11,7 @@ from typing import Any
 
 from components.render import NODE_ASSET_DIR
 
-from .remote import RemoteError, Transport
+from .remote import RemoteError, Transport, run_patiently
 from .topology import Door
 
 RECORD = "rollout.json"
@@ -71,8 +71,8 @@ def read(transport: Transport, door: Door, timeout: float) -> Rollout | str | No
         return None
     path = f"{door.state_dir}/{RECORD}"
     try:
-        result = transport.run(door.node, f"cat {shlex.quote(path)} 2>/dev/null || true",
-                               timeout)
+        result = run_patiently(transport, door.node,
+                               f"cat {shlex.quote(path)} 2>/dev/null || true", timeout)
     except RemoteError as error:
         return f"the rollout's record on {door.node} cannot be read: {error}"
     if result.status != 0:

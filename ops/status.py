@@ -24,7 +24,7 @@ from . import DEGRADED, DOWN, OK, rollout
 from .door import DoorProbes
 from .firewall_probe import firewall_on_node
 from .probe import HttpAnswer, Prober, Tls, settled, tls_check
-from .remote import CommandTimeout, RemoteError, Transport
+from .remote import CommandTimeout, RemoteError, Transport, run_patiently
 from .stack import Stack
 from .topology import ContainerRef, Topology
 from .verdict import (
@@ -44,22 +44,14 @@ from .virtual_ip import VirtualIpProbes
 PATH_PROBE_BODY = {"text": "ping", "sampling_params": {"max_new_tokens": 1, "ignore_eos": True}}
 
 
-# A docker inspect that timed out on a node whose SSH answered is tried once more, this many
-# times longer.
-SLOW_ENGINE_FACTOR = 3
-
-
 def inspect_node(transport: Transport, node: str, names: list[str],
                  timeout: float) -> dict[str, Docker]:
     """`docker inspect` of this node's containers in one command; a missing one is "absent"."""
     command = shlex.join(["docker", "inspect", "--type", "container", *names])
     try:
-        try:
-            result = transport.run(node, command, timeout=timeout)
-        except CommandTimeout:
-            # SSH answered: a docker engine busy starting containers can take longer than a
-            # probe's timeout, so one more try with a longer one before calling it unknown.
-            result = transport.run(node, command, timeout=SLOW_ENGINE_FACTOR * timeout)
+        # SSH answered: a docker engine busy starting containers can take longer than a probe's
+        # timeout, so one more try with a longer one before calling it unknown.
+        result = run_patiently(transport, node, command, timeout)
     except CommandTimeout as error:
         return {name: Docker("unknown", error="docker: " + str(error)) for name in names}
     except RemoteError as error:

@@ -20,7 +20,7 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from .probe import settled
-from .remote import RemoteError, Transport
+from .remote import RemoteError, Transport, run_patiently
 from .topology import Door, DoorNode, VirtualIp
 
 # What the notify FIFO's reader writes (keepalived 2.2.7's states for a vrrp_instance; STOP on a
@@ -201,7 +201,7 @@ class VirtualIpProbes:
     def _run(self, node: str, command: str) -> tuple[str | None, str | None]:
         """(stdout, None) or (None, why not)."""
         try:
-            result = self.transport.run(node, command, timeout=self.timeout)
+            result = run_patiently(self.transport, node, command, self.timeout)
         except RemoteError as error:
             return None, str(error)
         if result.status != 0:
