@@ -85,12 +85,27 @@ def read(transport: Transport, door: Door, timeout: float) -> Rollout | str | No
 
 def stop(transport: Transport, door: Door, timeout: float) -> str:
     """Asks every node script of an update running now to stop waiting (they fail at once, so
-    the engine ends the update); what the node said."""
+    the engine ends the update); what the nodes said. On router.node (the memberships, slot
+    a's door) and on the other door node, whose door-slots.py waits (its door's drain of a
+    slot) read the record there."""
     if door.state_dir is None:
         raise RemoteError("the stack has no rollout record (MiniLB, or no door)")
     command = (f"python3 {NODE_ASSET_DIR}/router-members.py stop "
                f"--state-dir {shlex.quote(door.state_dir)}")
-    result = transport.run(door.node, command, timeout)
-    if result.status != 0:
-        raise RemoteError(f"{door.node}: {result.failure}")
-    return result.out.strip()
+    others = [node.address for node in door.nodes if node.address != door.node]
+    said = []
+    for node in [door.node, *others]:
+        try:
+            result = transport.run(node, command, timeout)
+        except RemoteError as error:
+            if node == door.node:
+                raise
+            said.append(f"{node}: not asked ({error}); its door's waits end with their bound")
+            continue
+        if result.status != 0:
+            if node == door.node:
+                raise RemoteError(f"{node}: {result.failure}")
+            said.append(f"{node}: not asked ({result.failure})")
+            continue
+        said.append(f"{node}: {result.out.strip()}" if others else result.out.strip())
+    return "\n".join(said)
