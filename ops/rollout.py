@@ -92,20 +92,20 @@ def stop(transport: Transport, door: Door, timeout: float) -> str:
         raise RemoteError("the stack has no rollout record (MiniLB, or no door)")
     command = (f"python3 {NODE_ASSET_DIR}/router-members.py stop "
                f"--state-dir {shlex.quote(door.state_dir)}")
+    result = transport.run(door.node, command, timeout)
+    if result.status != 0:
+        raise RemoteError(f"{door.node}: {result.failure}")
     others = [node.address for node in door.nodes if node.address != door.node]
-    said = []
-    for node in [door.node, *others]:
+    if not others:
+        return result.out.strip()
+    said = [f"{door.node}: {result.out.strip()}"]
+    unasked = "{node}: not asked ({why}); its door's waits end with their bound"
+    for node in others:
         try:
-            result = transport.run(node, command, timeout)
+            other = transport.run(node, command, timeout)
         except RemoteError as error:
-            if node == door.node:
-                raise
-            said.append(f"{node}: not asked ({error}); its door's waits end with their bound")
+            said.append(unasked.format(node=node, why=error))
             continue
-        if result.status != 0:
-            if node == door.node:
-                raise RemoteError(f"{node}: {result.failure}")
-            said.append(f"{node}: not asked ({result.failure})")
-            continue
-        said.append(f"{node}: {result.out.strip()}" if others else result.out.strip())
+        said.append(f"{node}: {other.out.strip()}" if other.status == 0 else
+                    unasked.format(node=node, why=other.failure))
     return "\n".join(said)

@@ -27,23 +27,26 @@ from tests.ops.systemd_unit import SERVICE_BASE_ENV, environment_file, exec_star
 PASSPHRASE = "kimipd-tests"  # sim/automation.Project's
 
 
+def server_pid(sim: SimCluster, node: str, container: str) -> int:
+    """The server process inside CONTAINER (its PID 1: launch.sh execs it), as this machine
+    numbers it (the nodes' engines run in its PID namespace)."""
+    pid = sim.docker(node, "inspect", "-f", "{{.State.Pid}}", container).stdout.strip()
+    assert pid and pid != "0", f"{container} on {node} is not running"
+    return int(pid)
+
+
 def kill_server(sim: SimCluster, node: str, container: str) -> float:
     """SIGKILL to the server process inside CONTAINER (its PID 1: launch.sh execs it), as an
     OOM killer or a GPU fault would; returns when it was sent (time.monotonic())."""
-    pid = sim.docker(node, "inspect", "-f", "{{.State.Pid}}", container).stdout.strip()
-    assert pid and pid != "0", f"{container} on {node} is not running"
-    os.kill(int(pid), signal.SIGKILL)
+    os.kill(server_pid(sim, node, container), signal.SIGKILL)
     return time.monotonic()
 
 
 def stop_server(sim: SimCluster, node: str, container: str) -> float:
     """SIGSTOP to the server process inside CONTAINER: alive, its container running, answering
-    nothing (what a rank stuck in a collective looks like from outside). The nodes' engines run
-    in this machine's PID namespace, so docker's Pid is this machine's; the SIGKILL of a later
+    nothing (what a rank stuck in a collective looks like from outside); the SIGKILL of a later
     `docker rm -f` ends a stopped process as any other. Returns when it was sent."""
-    pid = sim.docker(node, "inspect", "--format", "{{.State.Pid}}", container)
-    assert pid.returncode == 0 and int(pid.stdout) > 0, pid.stderr
-    os.kill(int(pid.stdout), signal.SIGSTOP)
+    os.kill(server_pid(sim, node, container), signal.SIGSTOP)
     state = sim.docker(node, "inspect", "--format", "{{.State.Status}}", container)
     assert state.stdout.strip() == "running", state.stdout
     return time.monotonic()
