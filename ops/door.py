@@ -22,7 +22,7 @@ from components.outputs import GroupOutput
 from components.render import slot_check_path
 
 from .probe import HttpAnswer, Prober, settled
-from .remote import RemoteError, Transport
+from .remote import RemoteError, Transport, run_patiently
 from .topology import Door, Slot
 
 # One runtime API command (argv[3]) on the socket argv[1], within argv[2] seconds; the answer on
@@ -55,8 +55,9 @@ def runtime_api(transport: Transport, node: str, socket_path: str, command: str,
                 timeout: float) -> str:
     """COMMAND's answer from the door's admin socket on NODE."""
     try:
-        result = transport.run(node, runtime_api_command(socket_path, command, timeout),
-                               timeout=timeout + 5)
+        # `show stat` only reads: a slow node is asked again.
+        result = run_patiently(transport, node, runtime_api_command(socket_path, command,
+                                                                     timeout), timeout + 5)
     except RemoteError as error:
         raise RuntimeApiError(str(error)) from None
     if result.status == NOT_INSTALLED:

@@ -18,7 +18,7 @@ import httpx
 
 from components.render import router_auth_header_file
 
-from .remote import RemoteError, Transport
+from .remote import RemoteError, Transport, run_patiently
 
 VIA_CHOICES = ("auto", "direct", "ssh")
 
@@ -202,8 +202,13 @@ class Prober:
         if self.transport is None:
             return HttpAnswer(url, "ssh", error="no SSH transport to the node")
         try:
-            # The SSH connection's own time is not the probe's: allow for it on top.
-            result = self.transport.run(node, command, timeout=timeout + 5, stdin=stdin)
+            # The SSH connection's own time is not the probe's: allow for it on top. curl's
+            # --max-time bounds the answer, so a GET whose SSH command timed out met a slow
+            # node, not a slow server: asked once more, patiently, like every read-only probe.
+            if body is None and method == "GET":
+                result = run_patiently(self.transport, node, command, timeout + 5)
+            else:
+                result = self.transport.run(node, command, timeout=timeout + 5, stdin=stdin)
         except RemoteError as error:
             return HttpAnswer(url, "ssh", error=str(error))
         return parse_curl(url, result.out, result.err, result.status)

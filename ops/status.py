@@ -24,7 +24,7 @@ from . import DEGRADED, DOWN, OK, rollout
 from .door import DoorProbes
 from .firewall_probe import firewall_on_node
 from .probe import HttpAnswer, Prober, Tls, settled, tls_check
-from .remote import CommandTimeout, RemoteError, Transport, run_patiently
+from .remote import SLOW_NODE_FACTOR, CommandTimeout, RemoteError, Transport, run_patiently
 from .stack import Stack
 from .topology import ContainerRef, Topology
 from .verdict import (
@@ -161,7 +161,10 @@ def collect(topology: Topology, transport: Transport, prober: Prober, timeout: f
         everything = [*inspections.values(), *health.values(), *tables.values(),
                       *([path] if path else []), *door_futures, *([record] if record else [])]
         longest_health = max(health_timeout(topology, ref, timeout) for ref in topology.containers)
-        wait(everything, timeout=max(3 * timeout, generate_timeout, longest_health + 5) + 10)
+        # A read-only probe may be asked twice (ops.remote.run_patiently): its second, longer
+        # ask is waited for too; SSH's own time is 5 s on top of each.
+        patient = (1 + SLOW_NODE_FACTOR) * (max(timeout, longest_health) + 5)
+        wait(everything, timeout=max(patient, generate_timeout + 5) + 10)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
 

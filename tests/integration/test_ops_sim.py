@@ -27,6 +27,7 @@ from sim.automation import Project
 from tests.integration import engine
 from tests.integration.sim import SIM, SMALL_NODES, SimCluster
 from tests.ops.loopback import wait_until
+from tests.integration.engine import status_problems
 # The engine tests' fixtures and helpers (the sim, a project on a file backend, a stack on it).
 from tests.integration.engine import (  # noqa: F401 - fixtures
     SMALL_ROUTER, container_ids, env, new_stack, project, small_sim, small_values)
@@ -98,8 +99,8 @@ def test_status_all_serving(stack: auto.Stack, project: Project, sim: SimCluster
 
 def test_status_over_ssh_on_the_nodes(stack: auto.Stack, project: Project) -> None:
     result = kimipd(project, "status", "--via", "ssh", "--json")
-    assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
+    assert result.returncode == 0, (status_problems(report), result.stderr)
     assert {row["health"]["via"] for row in report["containers"]} == {"ssh"}
     assert report["generate"]["via"] == "ssh" and report["generate"]["status"] == 200
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from ops.probe import STATUS_MARK, Prober
 from ops.remote import (SLOW_NODE_FACTOR, CommandTimeout, RemoteError, RemoteResult,
                         run_patiently)
 
@@ -12,8 +13,8 @@ from ops.remote import (SLOW_NODE_FACTOR, CommandTimeout, RemoteError, RemoteRes
 class SlowNode:
     """Answers a command only when given at least NEEDS seconds; records each timeout asked."""
 
-    def __init__(self, needs: float, lost: bool = False) -> None:
-        self.needs, self.lost, self.asked = needs, lost, []
+    def __init__(self, needs: float, lost: bool = False, answer: bytes = b"ok\n") -> None:
+        self.needs, self.lost, self.answer, self.asked = needs, lost, answer, []
 
     def run(self, node, command, timeout, stdin=None, on_stdout=None) -> RemoteResult:
         self.asked.append(timeout)
@@ -21,7 +22,7 @@ class SlowNode:
             raise RemoteError(f"ssh {node}: connection refused")
         if timeout < self.needs:
             raise CommandTimeout(f"ssh {node}: `{command}` did not finish within {timeout:g}s")
-        return RemoteResult(node, command, 0, b"ok\n", b"")
+        return RemoteResult(node, command, 0, self.answer, b"")
 
     def close(self) -> None:
         pass
@@ -45,3 +46,22 @@ def test_a_node_that_does_not_answer_is_not_asked_again() -> None:
     with pytest.raises(RemoteError):
         run_patiently(node, "10.0.0.1", "cat /opt/kimipd/router-31000/rollout.json", 5)
     assert node.asked == [5]
+
+
+CURL_OK = f'{{"status": "ok"}}\n{STATUS_MARK} 200 0.004\n'.encode()
+
+
+def test_an_http_get_over_ssh_on_a_slow_node_is_asked_once_more() -> None:
+    # curl's --max-time bounds the answer itself: an SSH command past it met a slow node.
+    node = SlowNode(needs=12, answer=CURL_OK)
+    answer = Prober(node, timeout=5, via="ssh").get("http://10.0.0.1:30000/health", "10.0.0.1")
+    assert (answer.status, answer.via) == (200, "ssh")
+    assert node.asked == [10, 10 * SLOW_NODE_FACTOR]
+
+
+def test_a_post_over_ssh_is_never_sent_twice() -> None:
+    node = SlowNode(needs=12, answer=CURL_OK)
+    answer = Prober(node, timeout=5, via="ssh").request(
+        "POST", "http://10.0.0.1:8000/generate", "10.0.0.1", body={"text": "hi"})
+    assert answer.status is None and "did not finish" in (answer.error or "")
+    assert node.asked == [10]
