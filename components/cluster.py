@@ -11,7 +11,8 @@ from .membership import Membership
 from .mooncake import MooncakeMaster
 from .node import Node
 from .outputs import stack_outputs
-from .render import CLUSTER_TYPE, model_fingerprint, router_slots, running_contract
+from .render import (CLUSTER_TYPE, load_bound_seconds, measured_load_seconds, model_fingerprint,
+                     router_slots, running_contract)
 from .router import Router
 from .router_api_key import RouterApiKey
 from .router_readiness import RouterReadiness
@@ -61,6 +62,16 @@ class Cluster(pulumi.ComponentResource):
         contract = self.contract
         return pulumi.Output.all(rank0.image_id, serving.gate.checks[0].stdout).apply(
             lambda found: running_contract(contract, found[0], model_fingerprint(found[1])))
+
+    def _load_outputs(self, cfg: ClusterConfig, group: str) -> dict[str, pulumi.Output]:
+        """GROUP's last measured load (its rank 0 gate's) and the load bound that follows from it
+        where the config sets none (render/sglang.py, load_bound_seconds)."""
+        gate_stdout = {**self.prefill, **self.decode}[group].gate.checks[0].stdout
+        measured = gate_stdout.apply(measured_load_seconds)
+        configured, gate_timeout = cfg.groups[group].load_bound_seconds, cfg.gates.timeout_seconds
+        return {"lastLoadSeconds": measured,
+                "loadBoundSeconds": measured.apply(
+                    lambda seconds: load_bound_seconds(configured, seconds, gate_timeout))}
 
     def _serve(self, cfg: ClusterConfig, child: pulumi.ResourceOptions,
                router_api_key: pulumi.Input[str] | None,
@@ -156,6 +167,9 @@ class Cluster(pulumi.ComponentResource):
              *[virtual_ip.gate for virtual_ip in self.virtual_ips]],
             doors=self.doors, opts=child)
         self.outputs["smokeTest"] = self.smoke_test.text
+        self.outputs["groups"] = {
+            name: entry | self._load_outputs(cfg, name)
+            for name, entry in self.typed_outputs.exported()["groups"].items()}
         if router_api_key is not None:
             # What clients send as `Authorization: Bearer KEY` (docs/router.md); encrypted in the
             # state.

@@ -77,8 +77,12 @@ class GroupOutput(_Output):
     # (render/sglang.py, health_seconds): SGLang's own default, where an older `up` exported none.
     health_seconds: float = SGLANG_HEALTH_SLEEP_SECONDS + SGLANG_HEALTH_CHECK_TIMEOUT_DEFAULT
     # How long it may load before a running group that does not serve is hung (groups[].
-    # loadBoundSeconds, else gates.timeoutSeconds); None where an older `up` exported none.
+    # loadBoundSeconds, else from its last measured load, else gates.timeoutSeconds: render/
+    # sglang.py, load_bound_seconds); None where an older `up` exported none.
     load_bound_seconds: float | None = None
+    # How long rank 0 took to serve at its last start, as its gate measured it; None before a
+    # gate passed (and with `serving: false`).
+    last_load_seconds: float | None = None
 
 
 class NodeOutput(_Output):

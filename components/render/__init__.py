@@ -111,6 +111,8 @@ from .router import (
 from .sglang import (
                              group_endpoint,
                              health_seconds,
+                             load_bound_seconds,
+                             measured_load_seconds,
                              remove_worker_key_command,
                              sglang_command,
                              sglang_env,
@@ -125,6 +127,8 @@ from .sglang import (
 __all__ = [
     "CLUSTER_TYPE",
     "health_seconds",
+    "load_bound_seconds",
+    "measured_load_seconds",
     "contract_digest",
     "model_fingerprint",
     "running_contract",

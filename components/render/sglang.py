@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from ..config import ClusterConfig, GroupSpec
 from .container_plan import ContainerPlan, container_plan
@@ -119,6 +120,33 @@ def health_seconds(cfg: ClusterConfig, group_name: str) -> float:
     except ValueError:
         timeout = SGLANG_HEALTH_CHECK_TIMEOUT_DEFAULT  # SGLang itself refuses it at start
     return SGLANG_HEALTH_SLEEP_SECONDS + max(0.0, timeout)
+
+
+# A group's load bound, unset in the config, follows its last measured load: twice it (a load
+# from a colder page cache, a busier node), never under the floor (the sim's stand-in loads in
+# seconds; a container's start on a loaded node takes longer than its load) nor over the gate's
+# own timeout (a load that long failed its gate). No load measured yet: the gate's timeout.
+LOAD_BOUND_FACTOR = 2
+LOAD_BOUND_FLOOR_SECONDS = 120
+GATE_HEALTHY_LINE = re.compile(r": healthy after (\d+)s \(", re.MULTILINE)
+
+
+def measured_load_seconds(gate_stdout: str | None) -> int | None:
+    """How long rank 0 took to serve at its last start, as its gate printed it
+    (assets/wait-healthy.sh: `NAME: healthy after Ns (URL)`), or None."""
+    found = GATE_HEALTHY_LINE.search(gate_stdout or "")
+    return int(found.group(1)) if found else None
+
+
+def load_bound_seconds(configured: int | None, measured: int | None,
+                       gate_timeout: int) -> int:
+    """How long a group may load before a running group that does not serve is hung: the
+    config's `loadBoundSeconds`, else from its last measured load (LOAD_BOUND_FACTOR)."""
+    if configured is not None:
+        return configured
+    if measured is None:
+        return gate_timeout
+    return min(gate_timeout, max(LOAD_BOUND_FLOOR_SECONDS, LOAD_BOUND_FACTOR * measured))
 
 
 def health_url(group: GroupSpec, rank: int = 0) -> str:

@@ -86,6 +86,10 @@ def role_of(container: Registration) -> str:
                 if label["label"] == "kimipd.role")
 
 
+# How long every rank's gate says it took to serve.
+MOCK_LOAD_SECONDS = 300
+
+
 class ClusterMocks(pulumi.runtime.Mocks):
     """Provider answers shaped like the real ones: image ids, digests, a router answer."""
 
@@ -96,6 +100,10 @@ class ClusterMocks(pulumi.runtime.Mocks):
             state |= {"imageId": f"sha256:{digest}", "repoDigest": f"{args.inputs['name']}@sha256:{digest}"}
         if args.typ == "command:remote:Command" and args.name == "smoke-test-generate":
             state["stdout"] = json.dumps({"text": " from the decode server", "meta_info": {}})
+        if args.typ == "command:remote:Command" and args.name.endswith("-health"):
+            # What wait-healthy.sh prints once the rank serves.
+            state["stdout"] = (f"kimipd-{args.name.removesuffix('-health')}: healthy after "
+                               f"{MOCK_LOAD_SECONDS}s (http://node/health)")
         if args.typ == "command:remote:Command" and args.name.endswith("-prepared-image"):
             # What prepare-image.sh prints last: the id of an image named by its inputs.
             digest = hashlib.sha256(args.inputs["create"].encode()).hexdigest()

@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import stack_values, without_the_door
 from tests.program.harness import (
-    PRIVATE_KEY, SECRET_SIG, SIG_KEY, Run, host_key_of, run_program, with_local_files)
+    MOCK_LOAD_SECONDS, PRIVATE_KEY, SECRET_SIG, SIG_KEY, Run, host_key_of, run_program, with_local_files)
 
 pytestmark = pytest.mark.timeout(120)  # the SDK's threads can hang under mocks (pulumi#7663)
 
@@ -143,7 +143,9 @@ def test_smoke_test_answer_is_an_output(run: Run) -> None:
     assert run.stack_outputs["generateUrl"] == "http://174.1.60.5:31000/generate"
     assert run.stack_outputs["groups"]["prefill"] == {
         "mode": "prefill", "endpoint": "http://174.1.60.1:30000", "bootstrapPort": 8998,
-        "nodes": PREFILL, "healthSeconds": 21.0, "loadBoundSeconds": 1800.0}
+        "nodes": PREFILL, "healthSeconds": 21.0, "lastLoadSeconds": MOCK_LOAD_SECONDS,
+        # twice the load its gate measured, within gates.timeoutSeconds (1800)
+        "loadBoundSeconds": 2 * MOCK_LOAD_SECONDS}
     assert run.stack_outputs["nodes"]["174.1.60.5"]["roles"] == ["decode-r0", "router"]
     assert run.stack_outputs["nodes"]["174.1.60.5"]["imageDigest"].startswith(
         "lmsysorg/sglang:kimi-k3@sha256:")
