@@ -92,6 +92,11 @@ def test_status_all_serving(stack: auto.Stack, project: Project, sim: SimCluster
     assert report["firewall"] == dict.fromkeys(NODES, "present")
     assert report["generate"]["status"] == 200
     assert report["generate"]["url"] == SMALL_ROUTER + "/generate"
+    # each group's load, as its gate measured it, and the load bound that follows from it
+    for name, group in stack.outputs()["groups"].value.items():
+        last = group["lastLoadSeconds"]
+        assert isinstance(last, int) and 0 <= last < 300, (name, group)
+        assert group["loadBoundSeconds"] == max(120, 2 * last), (name, group)
     # the key came from the encrypted secret and stayed in memory
     key = Path(sim.env["KIMIPD_SIM_KEY"]).read_text().strip().splitlines()[1]
     assert key not in table.stdout + table.stderr + result.stdout + result.stderr
