@@ -126,7 +126,8 @@ class Cluster(pulumi.ComponentResource):
         self.doors: list[Door] = []
         for address in cfg.door_nodes:
             self.doors.append(Door(cfg, self.nodes, address, door_tls_key,
-                                   after=self.doors[-1] if self.doors else None, opts=child))
+                                   after=self.doors[-1] if self.doors else None,
+                                   internal_key=router_api_key, opts=child))
         # On two door nodes: the address clients use, held by one of them (keepalived).
         door = cfg.router.door
         self.virtual_ips: list[VirtualIp] = []

@@ -16,10 +16,13 @@ from .node import Node
 from .render import (
     door_bridge_command,
     door_bridge_retire_command,
+    door_clients_command,
+    door_clients_map_text,
     door_haproxy_config,
     door_plan,
     door_spec,
     door_url,
+    key_digest,
     remove_door_files_command,
     write_door_config_command,
     write_door_tls_command,
@@ -40,6 +43,7 @@ class Door(pulumi.ComponentResource):
 
     def __init__(self, cfg: ClusterConfig, nodes: Mapping[str, Node], address: str,
                  tls_key: pulumi.Input[str] | None, after: Door | None = None,
+                 internal_key: pulumi.Input[str] | None = None,
                  opts: pulumi.ResourceOptions | None = None) -> None:
         plan = door_plan(cfg, address)
         role = plan.role
@@ -66,6 +70,20 @@ class Door(pulumi.ComponentResource):
                     spec.tls.certificate.strip(), "\n", tls_key)),
                 opts=pulumi.ResourceOptions(parent=self, depends_on=node.ready))
             files.append(self.tls)
+        if spec.client_keys:
+            if internal_key is None:
+                raise ValueError("router.door.clientKeys needs the secret routerApiKey")
+            # The clients' key digests and the internal key, in files of the door's and in the
+            # running door (its runtime API): a client added or revoked reloads nothing.
+            self.clients = command.remote.Command(
+                f"{role}-clients",
+                connection=node.connection,
+                create=door_clients_command(cfg),
+                update=door_clients_command(cfg),
+                stdin=pulumi.Output.secret(pulumi.Output.from_input(internal_key).apply(
+                    lambda key: f"{key}\n{door_clients_map_text(cfg, key_digest(key))}")),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.image, *files]))
+            files.append(self.clients)
         # Changed in place (update): the door reloads it, keeping its listener.
         self.config = command.remote.Command(
             f"{role}-config",

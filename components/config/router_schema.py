@@ -34,6 +34,13 @@ class RouterSlotSpec(Model):
         return self.pair_check_port if self.pair_check_port is not None else self.port + 100
 
 
+# A client's name, as the door's log, its map of keys and a metric label take it.
+CLIENT_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,31}")
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+# The name the door gives routerApiKey: the program's own commands (smoke test, status, verify).
+PROGRAM_CLIENT = "kimipd"
+
+
 class DoorTlsSpec(Model):
     """HTTPS at the door. The key is the secret kimipd:doorTlsKey, never in the stack file."""
 
@@ -125,6 +132,11 @@ class DoorSpec(Model):
                  RouterSlotSpec(port=31002, metrics_port=29002)],
         min_length=2, max_length=2)
     tls: DoorTlsSpec | None = None
+    # Client name -> the sha256 (hex) of the key that client sends as `Authorization: Bearer
+    # KEY`: the door refuses any other key with 401 and sends the routers the internal key
+    # (routerApiKey) instead, so clients never hold the key the servers take. Empty: the
+    # client's own header goes through, and routerApiKey is every client's key (docs/security.md).
+    client_keys: dict[str, str] = {}
     # Unset: the door stands on router.node alone. Two addresses (router.node and one more
     # member): a door and a router slot on each, and virtualIp moves between them.
     nodes: list[str] | None = Field(default=None, min_length=2, max_length=2)
@@ -135,6 +147,22 @@ class DoorSpec(Model):
     def _image_reference(cls, value: str) -> str:
         return checked_image_reference(value, "REPOSITORY@sha256:DIGEST, e.g. the ref "
                                               "`sim/sim build-door-image` prints")
+
+    @field_validator("client_keys")
+    @classmethod
+    def _client_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, digest in value.items():
+            if not CLIENT_NAME.fullmatch(name) or name == PROGRAM_CLIENT:
+                raise ValueError(
+                    f"client name {name!r}: a client's name is 1-32 of a-z, 0-9, `.`, `_` and "
+                    f"`-`, starting with a letter or digit, and not {PROGRAM_CLIENT!r} (the "
+                    "program's own commands, which send routerApiKey); it names the client in "
+                    "the door's log and metrics")
+            if not SHA256_HEX.fullmatch(digest):
+                raise ValueError(
+                    f"{name}: {digest[:16]!r}... is not a sha256 in hex (64 of 0-9a-f); set the "
+                    "key's digest, never the key: `printf %s \"$KEY\" | sha256sum | cut -c1-64`")
+        return value
 
     def slot_named(self) -> dict[str, RouterSlotSpec]:
         return dict(zip(SLOT_NAMES, self.slots, strict=True))

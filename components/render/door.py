@@ -10,9 +10,10 @@ upstream SGLang PR #34570). docs/door.md.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 from ..config import ClusterConfig
-from ..config.router_schema import SLOT_NAMES, DoorSpec
+from ..config.router_schema import PROGRAM_CLIENT, SLOT_NAMES, DoorSpec
 from .container_plan import ContainerPlan, container_plan
 from .layout import container_name, router_state_dir, shell
 
@@ -56,6 +57,79 @@ def door_admin_socket(cfg: ClusterConfig) -> str:
 
 def door_state_file(cfg: ClusterConfig) -> str:
     return f"{door_dir(cfg)}/servers.state"
+
+
+def door_clients_map(cfg: ClusterConfig | int) -> str:
+    """`DIGEST NAME` per client key (router.door.clientKeys, and the program's own): the door
+    names a request's client from its key's sha256. Digests only, never a key."""
+    return f"{door_dir(cfg)}/clients.map"
+
+
+def door_internal_key_map(cfg: ClusterConfig | int) -> str:
+    """One entry, `router KEY`: the internal key (routerApiKey) the door sends the routers in
+    place of a client's key. Root's only, as the door's directory is."""
+    return f"{door_dir(cfg)}/internal-key.map"
+
+
+# The door's count of requests per client (a stick table; `show table` in its runtime API).
+CLIENTS_TABLE = "door_clients"
+# HAProxy 2.6's `option httplog` format, with the client's name after it.
+HTTPLOG_FORMAT = ("%ci:%cp [%tr] %ft %b/%s %TR/%Tw/%Tc/%Tr/%Ta %ST %B %CC %CS %tsc "
+                  "%ac/%fc/%bc/%sc/%rc %sq/%bq %hr %hs %{+Q}r")
+
+
+def key_digest(key: str) -> str:
+    """What the door compares: the sha256 of the key a client sends, in lower-case hex."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def door_clients_map_text(cfg: ClusterConfig, program_key_digest: str) -> str:
+    """clients.map: each client's key digest and name, the program's own (routerApiKey's
+    digest, PROGRAM_KEY_DIGEST) first."""
+    clients = {PROGRAM_CLIENT: program_key_digest, **door_spec(cfg).client_keys}
+    return "".join(f"{digest} {name}\n" for name, digest in clients.items())
+
+
+# Run in the door's container (it has socat), with the admin socket, clients.map and
+# internal-key.map as $1-$3: the new maps (FILE.new) replace what the running door holds, each in
+# one step (a new version of the clients' map, committed whole; the one internal key set), with
+# no reload. A door whose configuration does not use the maps yet (keys just turned on) is left
+# to its reload, which reads the files.
+SWAP_MAPS_SCRIPT = r"""set -eu
+ask() { out=$(echo "$1" | socat stdio "unix-connect:$socket"); printf '%s' "$out"; }
+quiet() { out=$(ask "$1"); [ -z "$out" ] || { echo "door runtime API: $out" >&2; exit 1; }; }
+socket=$1 clients=$2 internal=$3
+ask 'show map' | grep -qF "($clients)" || { echo 'the door reads the keys at its reload'; exit 0; }
+version=$(ask "prepare map $clients" | sed -n 's/.*created: \([0-9]*\).*/\1/p')
+[ -n "$version" ] || { echo 'door runtime API: prepare map gave no version' >&2; exit 1; }
+while read -r digest name; do quiet "add map @$version $clients $digest $name"; done \
+  < "$clients.new"
+quiet "commit map @$version $clients"
+key=$(sed -n 's/^router //p' "$internal.new")
+quiet "set map $internal router $key"
+echo 'the running door holds the new keys'"""
+
+
+def door_clients_command(cfg: ClusterConfig) -> str:
+    """stdin: the internal key (routerApiKey) on its first line, then clients.map
+    (door_clients_map_text). Both files written root-only, swapped into a running door through
+    its runtime API (no reload, no request refused), then moved into place for its next load.
+    The key is read by the shells' builtins: it is on no command line."""
+    clients, internal = door_clients_map(cfg), door_internal_key_map(cfg)
+    door = container_name(DOOR)
+    swap = shell(["docker", "exec", door, "sh", "-c", SWAP_MAPS_SCRIPT, "sh",
+                  door_admin_socket(cfg), clients, internal])
+    return "\n".join([
+        "set -eu",
+        "umask 077",
+        f"mkdir -p {shell([door_dir(cfg)])}",
+        "IFS= read -r key",
+        f"printf 'router %s\\n' \"$key\" > {shell([internal + '.new'])}",
+        f"cat > {shell([clients + '.new'])}",
+        f"if {container_running(door)}; then {swap}; fi",
+        f"mv {shell([internal + '.new', internal])}",
+        f"mv {shell([clients + '.new', clients])}",
+    ])
 
 
 def door_tls_file(cfg: ClusterConfig) -> str:
@@ -164,8 +238,9 @@ def door_haproxy_config(cfg: ClusterConfig) -> str:
         "",
         "frontend door",
         f"    {bind}",
-        # The access log (`kimipd logs --role door`): client, slot, timings, status, bytes.
-        "    option httplog",
+        *(_client_key_lines(cfg) if door.client_keys else [
+            # The access log (`kimipd logs --role door`): client, slot, timings, status, bytes.
+            "    option httplog"]),
         f"    default_backend {BACKEND}",
         "",
         "frontend exporter",
@@ -187,7 +262,32 @@ def door_haproxy_config(cfg: ClusterConfig) -> str:
         if router.kind == "rust":
             check += f" port {door.slot_named()[slot].check_port}"
         lines.append(f"    server {slot_server(slot)} {slot_server_address(cfg, slot)} {check}")
+    if door.client_keys:
+        lines += ["", f"backend {CLIENTS_TABLE}",
+                  "    stick-table type string len 32 size 1k store http_req_cnt"]
     return "\n".join(lines) + "\n"
+
+
+def _client_key_lines(cfg: ClusterConfig) -> list[str]:
+    """The door checks each client's key (router.door.clientKeys): a key it does not know gets
+    401 here, before any router; a known one is named, counted, and swapped for the internal
+    key, so no client holds the key the routers and servers take."""
+    unknown = '{"error": "unknown or missing API key: send Authorization: Bearer KEY"}'
+    return [
+        # The client's name from its key's digest: the map holds digests, never a key, and can
+        # be swapped through the runtime API without a reload (door_clients_command).
+        "    http-request set-var(txn.client) "
+        f"http_auth_bearer,sha2(256),hex,lower,map_str({door_clients_map(cfg)})",
+        # /health stays open, as the routers' and SGLang's are: the door's own check of a slot.
+        "    http-request return status 401 content-type application/json "
+        f"string '{unknown}' hdr WWW-Authenticate Bearer "
+        "if !{ var(txn.client) -m found } !{ path /health }",
+        f"    http-request track-sc0 var(txn.client) table {CLIENTS_TABLE} "
+        "if { var(txn.client) -m found }",
+        "    http-request set-header Authorization "
+        f"\"Bearer %[str(router),map_str({door_internal_key_map(cfg)})]\"",
+        f"    log-format \"{HTTPLOG_FORMAT} client=%[var(txn.client)]\"",
+    ]
 
 
 def container_running(name: str) -> str:

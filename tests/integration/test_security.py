@@ -22,8 +22,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from pulumi import automation as auto
 
+from bench.load import Load
+from components.render import key_digest
 from sim.automation import Project
 from tests.integration.engine import (  # noqa: F401 - fixtures
     ROUTER_API_KEY, Events, container_ids, env, kimipd, new_stack, project, small_sim,
@@ -196,6 +199,70 @@ def test_the_key_is_on_no_command_line_in_no_inspect_or_log_and_not_in_plain_sta
     assert state_files
     for path in state_files:
         assert ROUTER_API_KEY.encode() not in path.read_bytes(), path
+
+
+ALICE, BOB = "kimipd-test-client-alice-" + "a" * 24, "kimipd-test-client-bob-" + "b" * 24
+
+
+def set_client_keys(project: Project, keys: dict[str, str]) -> None:
+    """router.door.clientKeys of stack security: each key's digest, by the client's name."""
+    document = yaml.safe_load((project.directory / "Pulumi.security.yaml").read_text())
+    router = document["config"]["kimipd:router"]
+    router["door"]["clientKeys"] = {name: key_digest(key) for name, key in keys.items()}
+    project.update_stack("security", {"router": router})
+
+
+def test_client_keys_are_added_and_revoked_at_the_door_with_no_failed_request(
+        stack: auto.Stack, project: Project, sim: SimCluster) -> None:
+    """router.door.clientKeys turned on, a key added, another revoked, each one `up` under load
+    through the door: no container replaced, no request with a valid key failed, the revoked key
+    refused at the door, the keys in no argv, inspect, log or plain state."""
+    url = f"http://{ROUTER_NODE}:{ROUTER_PORT}"
+    before = container_ids(sim)
+    changed: list[set[str]] = []
+    # The program's own key (routerApiKey) sends all along: the door names it kimipd.
+    with Load(5.0, url, ROUTER_API_KEY, tokens=8) as program:
+        set_client_keys(project, {"alice": ALICE})
+        events = Events()
+        stack.up(on_event=events)
+        changed.append(events.changed())
+        assert (generate_status(ALICE), generate_status(BOB)) == (200, 401)
+        # Bob added while alice sends, then alice revoked while bob sends.
+        for keys, sender in (({"alice": ALICE, "bob": BOB}, ALICE), ({"bob": BOB}, BOB)):
+            set_client_keys(project, keys)
+            with Load(5.0, url, sender, tokens=8) as client:
+                events = Events()
+                stack.up(on_event=events)
+            changed.append(events.changed())
+            print(f"clientKeys {sorted(keys)}: {client.summary('the client sending')}; "
+                  f"changed {sorted(changed[-1])}")
+            assert len(client.results) > 10 and client.failed() == [], client.summary(sender)
+    print(program.summary("routerApiKey through the door, all along"))
+    assert program.failed() == [], program.summary("routerApiKey")
+    assert container_ids(sim) == before
+    # Turned on: the door's configuration (reloaded) and its keys; then its keys alone.
+    assert {"door-config", "door-clients"} <= changed[0], changed
+    assert all("door-clients" in step and "door-config" not in step for step in changed[1:])
+    assert (generate_status(ALICE), generate_status(BOB), generate_status("no-such-key")) == (
+        401, 200, 401)
+    counts = sim.docker(ROUTER_NODE, "exec", "kimipd-door", "sh", "-c",
+                        "echo 'show table door_clients' | socat stdio "
+                        "unix-connect:/opt/kimipd/router-31000/door/admin.sock").stdout
+    assert "key=bob " in counts and "key=kimipd " in counts, counts
+    logs = sim.docker(ROUTER_NODE, "logs", "kimipd-door")
+    assert " client=bob" in logs.stdout + logs.stderr
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            assert all(key.encode() not in cmdline.read_bytes() for key in (ALICE, BOB)), cmdline
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    inspect = sim.docker(ROUTER_NODE, "inspect", "kimipd-door").stdout
+    clients_map = sim.ssh(ROUTER_NODE, "cat /opt/kimipd/router-31000/door/clients.map").stdout
+    assert key_digest(BOB) in clients_map
+    for key in (ALICE, BOB, ROUTER_API_KEY):
+        assert key not in inspect + logs.stdout + logs.stderr + clients_map
+        for path in (path for path in project.state.rglob("*") if path.is_file()):
+            assert key.encode() not in path.read_bytes(), path
 
 
 def test_status_finds_a_table_someone_deleted_and_its_fix_puts_it_back(

@@ -11,9 +11,11 @@ import pytest
 
 from components.config import ConfigError, load_cluster_config
 from components.render import (door_bridge_command, door_bridge_retire_command,
+                               door_clients_command, door_clients_map_text,
                                door_haproxy_config, door_plan, drain_command, firewall_ruleset,
                                router_command, router_plan, router_url, slot_admit_command,
                                slot_drain_command, smoke_test_command)
+from components.render.door import SWAP_MAPS_SCRIPT
 from tests.conftest import REPO, stack_values
 
 CERT = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
@@ -267,3 +269,77 @@ def test_the_bridge_scripts_are_shellcheck_clean(pro6000: dict, tmp_path) -> Non
         path.write_text("#!/bin/sh\n" + script + "\n")
         result = subprocess.run(["shellcheck", str(path)], capture_output=True, text=True)
         assert result.returncode == 0, result.stdout
+
+
+ALICE_DIGEST = "2bd806c97f0e00af1a1fc3328fa763a9269723c8db8fac4f93af71db186d6e90"
+
+
+def test_client_keys_are_checked_at_the_door_and_swapped_for_the_internal_key(
+        pro6000: dict) -> None:
+    rendered = door_haproxy_config(config(pro6000, clientKeys={"alice": ALICE_DIGEST}))
+    assert ("http-request set-var(txn.client) http_auth_bearer,sha2(256),hex,lower,"
+            "map_str(/opt/kimipd/router-31000/door/clients.map)") in rendered
+    assert "if !{ var(txn.client) -m found } !{ path /health }" in rendered
+    assert ('http-request set-header Authorization "Bearer %[str(router),'
+            'map_str(/opt/kimipd/router-31000/door/internal-key.map)]"') in rendered
+    assert "option httplog" not in rendered and "client=%[var(txn.client)]" in rendered
+    # Without client keys the client's own header goes through, as before.
+    plain = door_haproxy_config(load_cluster_config(pro6000))
+    assert "txn.client" not in plain and "option httplog" in plain
+
+
+def test_the_clients_map_holds_digests_and_names_the_program_first(pro6000: dict) -> None:
+    cfg = config(pro6000, clientKeys={"alice": ALICE_DIGEST})
+    assert door_clients_map_text(cfg, "f" * 64) == f"{'f' * 64} kimipd\n{ALICE_DIGEST} alice\n"
+
+
+@pytest.mark.parametrize(("keys", "named"), [
+    ({"alice": "not-a-digest"}, "is not a sha256 in hex"),
+    ({"alice": ALICE_DIGEST.upper()}, "is not a sha256 in hex"),
+    ({"Alice Smith": ALICE_DIGEST}, "client name 'Alice Smith'"),
+    ({"kimipd": ALICE_DIGEST}, "client name 'kimipd'"),
+])
+def test_a_bad_client_key_is_refused_by_its_key(pro6000: dict, keys: dict, named: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        config(pro6000, clientKeys=keys)
+    assert "clientKeys" in str(refused.value) and named in str(refused.value)
+    assert ALICE_DIGEST[16:] not in str(refused.value)  # a digest is named by its start only
+
+
+def test_client_keys_need_the_rust_router(pro6000: dict) -> None:
+    values = copy.deepcopy(pro6000)
+    values["router"] |= {"kind": "mini-lb"}
+    values["router"]["door"]["clientKeys"] = {"alice": ALICE_DIGEST}
+    for key in ("prefillPolicy", "decodePolicy", "metricsPort", "requestTimeoutSeconds"):
+        values["router"].pop(key, None)
+    with pytest.raises(ConfigError) as refused:
+        load_cluster_config(values)
+    assert "router.door.clientKeys: alice set with router.kind 'mini-lb'" in str(refused.value)
+
+
+def test_haproxy_accepts_the_door_with_client_keys(pro6000: dict, tmp_path) -> None:
+    haproxy = shutil.which("haproxy")
+    assert haproxy, "haproxy is missing: .ci/run installs it"
+    cfg = config(pro6000, clientKeys={"alice": ALICE_DIGEST})
+    rendered = door_haproxy_config(cfg).replace("/opt/kimipd/router-31000/door", str(tmp_path))
+    (tmp_path / "haproxy.cfg").write_text(rendered)
+    (tmp_path / "servers.state").write_text("1\n")
+    (tmp_path / "clients.map").write_text(door_clients_map_text(cfg, "f" * 64))
+    (tmp_path / "internal-key.map").write_text("router KEY\n")
+    result = subprocess.run([haproxy, "-c", "-f", str(tmp_path / "haproxy.cfg")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "WARNING" not in result.stdout + result.stderr, result.stdout + result.stderr
+
+
+def test_the_clients_command_is_shellcheck_clean(pro6000: dict, tmp_path) -> None:
+    assert shutil.which("shellcheck"), "shellcheck is missing: .ci/run installs it"
+    cfg = config(pro6000, clientKeys={"alice": ALICE_DIGEST})
+    path = tmp_path / "clients.sh"
+    path.write_text("#!/bin/sh\n" + door_clients_command(cfg) + "\n")
+    result = subprocess.run(["shellcheck", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+    swap = tmp_path / "swap.sh"
+    swap.write_text("#!/bin/sh\n" + SWAP_MAPS_SCRIPT + "\n")
+    result = subprocess.run(["shellcheck", str(swap)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout

@@ -4,7 +4,7 @@ A message names the key, the value, the reason and the fix. RULES is the order t
 are reported in (the model validator of ClusterConfig runs them all and reports every problem).
 """
 
-from .door import door_nodes_are_members, virtual_ip_is_free
+from .door import client_keys_need_the_rust_router, door_nodes_are_members, virtual_ip_is_free
 from .extra_args import extra_args_parse, tokenizer_workers_with_keys
 from .files import model_reachable, mount_points_distinct, node_files_distinct
 from .firewall import open_ports_serve_nothing
@@ -53,6 +53,7 @@ RULES = (
     rust_only_keys,
     door_nodes_are_members,
     virtual_ip_is_free,
+    client_keys_need_the_rust_router,
     ports_do_not_collide,
     node_files_distinct,
     gate_polls_twice,

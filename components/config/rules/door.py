@@ -74,3 +74,13 @@ def virtual_ip_is_free(cfg: ClusterConfig) -> Iterable[str]:
                    f"{vip.address} in {network}, which does not hold router.door.nodes[{index}] "
                    f"{address!r}; the address and its gratuitous ARP must be on the door nodes' "
                    "own network: use that network's prefix length, or 32.")
+
+
+def client_keys_need_the_rust_router(cfg: ClusterConfig) -> Iterable[str]:
+    door = cfg.router.door
+    if door is None or not door.client_keys or cfg.router.kind == "rust":
+        return
+    yield (f"router.door.clientKeys: {', '.join(sorted(door.client_keys))} set with router.kind "
+           f"{cfg.router.kind!r}: the door swaps a client's key for the internal key "
+           "routerApiKey, which only the rust router and its servers check; MiniLB checks no "
+           "key. Set router.kind: rust (and the secret routerApiKey), or remove clientKeys.")
