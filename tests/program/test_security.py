@@ -102,3 +102,20 @@ def test_no_firewall_when_turned_off(values: dict) -> None:
     run = run_program(values)
     assert not [r for r in run.resources if r.name.endswith("-nftables")]
     assert any("firewall.enabled: false" in warning for warning in run.warnings)
+
+
+def test_client_keys_travel_as_digests_and_the_internal_key_as_a_secret(values: dict,
+                                                                         run: Run) -> None:
+    assert not [r for r in run.resources if r.name.endswith("-clients")]  # none as shipped
+    alice = "2bd806c97f0e00af1a1fc3328fa763a9269723c8db8fac4f93af71db186d6e90"
+    values["router"]["door"]["clientKeys"] = {"alice": alice}
+    run = run_program(values)
+    # One on each door node, before the configuration that reads its maps.
+    for role in ("door", "door-174-1-60-7"):
+        clients = run.named(f"{role}-clients")
+        assert clients.raw_inputs["stdin"].get(SIG_KEY) == SECRET_SIG
+        assert run.waits_for(run.named(f"{role}-config"), clients), role
+        assert ROUTER_API_KEY not in json.dumps(
+            {name: clients.inputs.get(name, "") for name in ("create", "update", "delete")})
+        assert "map_str(/opt/kimipd/router-31000/door/clients.map)" in run.named(
+            f"{role}-config").inputs["stdin"]
