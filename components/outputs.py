@@ -41,6 +41,8 @@ from .render import (
     slot_server,
     slot_url,
 )
+from .config.router_schema import PROGRAM_CLIENT
+from .render.door import CLIENTS_TABLE
 from .render.keepalived import virtual_ip_interface
 from .render.layout import router_state_dir
 from .render.sglang import SGLANG_HEALTH_CHECK_TIMEOUT_DEFAULT, SGLANG_HEALTH_SLEEP_SECONDS
@@ -165,6 +167,10 @@ class DoorOutput(_Output):
     virtual_ip: VirtualIpOutput | None = None
     # On `node`: the rollout's record (rollout.json) and the router's state (rust router).
     state_dir: str | None = None
+    # With router.door.clientKeys: the stick table counting each client's requests
+    # (`show table NAME` in each door's runtime API) and the names the door knows.
+    clients_table: str | None = None
+    clients: list[str] | None = None
 
 
 class StackOutputs(_Output):
@@ -282,7 +288,10 @@ def door_output(cfg: ClusterConfig) -> DoorOutput | None:
                         metrics_url=f"http://{node}:{door.metrics_port}/metrics",
                         admin_socket=door_admin_socket(cfg), container=door_plan(cfg).name,
                         slots=slots,
-                        state_dir=router_state_dir(cfg) if cfg.router.kind == "rust" else None)
+                        state_dir=router_state_dir(cfg) if cfg.router.kind == "rust" else None,
+                        clients_table=CLIENTS_TABLE if door.client_keys else None,
+                        clients=([PROGRAM_CLIENT, *door.client_keys] if door.client_keys
+                                 else None))
     if vip is None:
         return output
     nodes = {

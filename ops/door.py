@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import shlex
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -55,7 +56,7 @@ def runtime_api(transport: Transport, node: str, socket_path: str, command: str,
                 timeout: float) -> str:
     """COMMAND's answer from the door's admin socket on NODE."""
     try:
-        # `show stat` only reads: a slow node is asked again.
+        # `show stat` and `show table` only read: a slow node is asked again.
         result = run_patiently(transport, node, runtime_api_command(socket_path, command,
                                                                      timeout), timeout + 5)
     except RemoteError as error:
@@ -65,6 +66,19 @@ def runtime_api(transport: Transport, node: str, socket_path: str, command: str,
     if result.status != 0:
         raise RuntimeApiError(f"{socket_path} on {node}: {result.failure}")
     return result.out
+
+
+# `show table door_clients`: `0x55d0...: key=alice use=0 exp=0 http_req_cnt=12` per client.
+_TABLE_ENTRY = re.compile(r"\bkey=(\S+) .*\bhttp_req_cnt=(\d+)")
+
+
+def parse_client_counts(text: str) -> dict[str, int]:
+    """Client name -> requests the door has counted since it (re)loaded, from `show table`."""
+    if not text.lstrip().startswith("# table:"):
+        raise RuntimeApiError("`show table` answered without its header line: "
+                              + (text.strip()[:160] or "nothing"))
+    return {found.group(1): int(found.group(2))
+            for found in map(_TABLE_ENTRY.search, text.splitlines()) if found}
 
 
 def parse_show_stat(text: str) -> dict[tuple[str, str], dict[str, str]]:
@@ -217,6 +231,9 @@ class DoorReport:
     # On two door nodes: each door node's door container state (router.node's is `container`
     # too); {} with one door node.
     doors: dict[str, str] = field(default_factory=dict)
+    # With client keys: door node -> client name -> requests counted since that door loaded
+    # (a node whose table could not be read is left out).
+    clients: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def stat_error(self) -> str | None:
@@ -257,6 +274,7 @@ class DoorReport:
                 "runtimeApiError": self.stat_error, "runtimeApiErrors": self.stat_errors,
                 "membership": self.membership,
                 "servingSlots": [slot.name for slot in self.serving_slots],
+                "clientRequests": self.clients or None,
                 "slots": [slot.as_json() for slot in self.slots], "problems": self.problems}
 
 
@@ -277,6 +295,7 @@ class DoorProbes:
         self.stats: dict[str, Future] = {}
         self.readiness: dict[str, Future] = {}
         self.workers: dict[str, Future] = {}
+        self.clients: dict[str, Future] = {}
 
     @property
     def asks_members(self) -> bool:
@@ -297,8 +316,15 @@ class DoorProbes:
             slot.name: pool.submit(self.prober.request, "GET", slot.url.rstrip("/") + "/workers",
                                    door.node, api_key=self.api_key, router_port=door.port)
             for slot in door.slots} if self.asks_members else {}
+        table = door.clients_table
+        self.clients = {node: pool.submit(self._client_counts, node, socket, table)
+                        for node, socket in sockets.items()} if table else {}
         return [self.answer, *self.stats.values(), *self.readiness.values(),
-                *self.workers.values()]
+                *self.workers.values(), *self.clients.values()]
+
+    def _client_counts(self, node: str, socket: str, table: str) -> dict[str, int]:
+        return parse_client_counts(runtime_api(self.transport, node, socket,
+                                               f"show table {table}", self.timeout))
 
     def _show_stat(self, node: str, socket: str) -> dict[tuple[str, str], dict[str, str]]:
         return parse_show_stat(runtime_api(self.transport, node, socket, "show stat",
@@ -329,6 +355,12 @@ class DoorProbes:
                             stat_errors, membership,
                             doors={node.address: containers.get(node.door_role, "unknown")
                                    for node in door.nodes})
+        for node, future in self.clients.items():
+            try:
+                if future.done():
+                    report.clients[node] = future.result()
+            except RuntimeApiError:
+                pass  # counts only: the door's state is judged from `show stat`
         path = slot_check_path(self.router_kind)
         for slot in door.slots:
             report.slots.append(self._slot(slot, containers.get(slot.role, "unknown"), stats,

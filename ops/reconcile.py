@@ -121,12 +121,15 @@ class Reconciler:
         self.virtual_ip: VirtualIpReport | None = None
         # The units this pass's status found hung: exported with the pass's decision.
         self.hung: tuple[str, ...] = ()
+        # With client keys: each door node's requests per client, as this pass's status read.
+        self.client_requests: dict[str, dict[str, int]] = {}
 
     def run_pass(self) -> Decision:
         started = self.clock()
         record: dict[str, Any] = {}
         self.virtual_ip = None
         self.hung = ()
+        self.client_requests = {}
         try:
             decision = self._decide(started, record)
         except StackError as error:
@@ -159,6 +162,7 @@ class Reconciler:
         with self._probes(stack) as (transport, prober):
             report = self.status(stack, transport, prober)
             self.virtual_ip = report.virtual_ip
+            self.client_requests = report.door.clients if report.door is not None else {}
             seen, slot = self._router_sees(stack, prober)
         if seen is not None:
             record["routerSees"] = seen
@@ -193,7 +197,7 @@ class Reconciler:
         # A heal takes a group's load (minutes on the real cluster): the metrics say it is under
         # way meanwhile, so that a hung unit being healed is not alerted as one left alone.
         self.metrics.update(self.settings.stack, self.memory, decision, self.clock(),
-                            self.virtual_ip, self.hung)
+                            self.virtual_ip, self.hung, self.client_requests)
         self._write_metrics_file()
         return self._heal(engine, decision, fingerprint, record, hung)
 
@@ -392,7 +396,7 @@ class Reconciler:
             print(f"{decision.kind}{units}: {decision.message}", file=self.settings.echo,
                   flush=True)
         self.metrics.update(self.settings.stack, self.memory, decision, self.clock(),
-                            self.virtual_ip, self.hung)
+                            self.virtual_ip, self.hung, self.client_requests)
         self._write_metrics_file()
 
     def _write_metrics_file(self) -> None:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -15,7 +15,8 @@ from .virtual_ip import VirtualIpReport, virtual_ip_families
 
 def metric_families(stack: str, memory: Memory, decision: Decision | None,
                     now: float, virtual_ip: VirtualIpReport | None = None,
-                    hung: tuple[str, ...] = ()) -> list[Metric]:
+                    hung: tuple[str, ...] = (),
+                    clients: Mapping[str, Mapping[str, int]] | None = None) -> list[Metric]:
     """What reconcile did and saw, as Prometheus metric families (with the door on two nodes,
     also who holds the virtual IP and each keepalived's state, from the pass's status). HUNG:
     the units the pass found hung (running, not serving), each exported with the pass's
@@ -86,7 +87,23 @@ def metric_families(stack: str, memory: Memory, decision: Decision | None,
                                          labels=["stack"])
         last_healthy.add_metric([stack], memory.last_healthy)
         families.append(last_healthy)
-    return families + virtual_ip_families(stack, virtual_ip)
+    return families + virtual_ip_families(stack, virtual_ip) + client_families(stack, clients)
+
+
+def client_families(stack: str, clients: Mapping[str, Mapping[str, int]] | None) -> list[Metric]:
+    """With client keys, each door's requests per client (its stick table, read by the pass's
+    status): HAProxy's own exporter has no per-client series."""
+    if not clients:
+        return []
+    requests = CounterMetricFamily(
+        "kimipd_door_client_requests",
+        "Requests the door on this node let in per client key (router.door.clientKeys; kimipd: "
+        "routerApiKey, the program's own), since that door last loaded.",
+        labels=["stack", "node", "client"])
+    for node, counts in sorted(clients.items()):
+        for client, count in sorted(counts.items()):
+            requests.add_metric([stack, node, client], count)
+    return [requests]
 
 
 class ReconcileMetrics(Collector):
@@ -103,8 +120,10 @@ class ReconcileMetrics(Collector):
         return self.families
 
     def update(self, stack: str, memory: Memory, decision: Decision | None, now: float,
-               virtual_ip: VirtualIpReport | None = None, hung: tuple[str, ...] = ()) -> None:
-        self.families = metric_families(stack, memory, decision, now, virtual_ip, hung)
+               virtual_ip: VirtualIpReport | None = None, hung: tuple[str, ...] = (),
+               clients: Mapping[str, Mapping[str, int]] | None = None) -> None:
+        self.families = metric_families(stack, memory, decision, now, virtual_ip, hung,
+                                        clients)
 
 
 class MetricsEndpoint:

@@ -98,6 +98,8 @@ class Door:
     nodes_out: tuple[str, ...] = ()
     # On `node` (rust router): the rollout's record, rollout.json (ops/rollout.py).
     state_dir: str | None = None
+    # With client keys: the door's stick table of requests per client; None without.
+    clients_table: str | None = None
 
     @property
     def port(self) -> int:
@@ -127,7 +129,8 @@ class Door:
                    virtual_ip=(VirtualIp(address=vip.address, prefix_length=vip.prefix_length,
                                          interface=vip.interface, vrid=vip.vrid)
                                if vip is not None else None),
-                   nodes_out=tuple(door.nodes_out or ()), state_dir=door.state_dir)
+                   nodes_out=tuple(door.nodes_out or ()), state_dir=door.state_dir,
+                   clients_table=door.clients_table)
 
 
 @dataclass(frozen=True)
