@@ -12,6 +12,7 @@ from components.config import (ConfigError, config_warnings, load_cluster_config
                                out_node_notes, placeholder_refusals)
 from components.host_keys import resolve_host_keys
 from components.stack_config import (
+    admin_api_key,
     check_stack_secrets,
     door_tls_key,
     router_api_key,
@@ -44,6 +45,7 @@ try:
     host_keys = resolve_host_keys(config)
     api_key = router_api_key(config)
     tls_key = door_tls_key(config)
+    admin_key = admin_api_key(config)
     refused = placeholder_refusals(config, pulumi.get_stack())
     if refused:
         raise ConfigError("\n".join(refused))
@@ -55,6 +57,6 @@ for note in out_node_notes(config):
     pulumi.log.warn(note)
 
 cluster = Cluster("kimi-k3-pd", config, ssh_private_key(), digests, host_keys, api_key,
-                  tls_key)
+                  tls_key, admin_key)
 for key, value in cluster.outputs.items():
     pulumi.export(key, value)

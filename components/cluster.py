@@ -28,8 +28,11 @@ class Cluster(pulumi.ComponentResource):
                  node_file_digests: dict[str, str], host_keys: dict[str, str | None],
                  router_api_key: pulumi.Input[str] | None = None,
                  door_tls_key: pulumi.Input[str] | None = None,
+                 admin_api_key: pulumi.Input[str] | None = None,
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(CLUSTER_TYPE, name, None, opts)
+        # SGLang's admin routes' own key (the secret adminApiKey), in each rank's key file.
+        self.admin_api_key = admin_api_key
         child = pulumi.ResourceOptions(parent=self)
         # A node taken out (`nodes[].out`) gets no resource and its groups none: nothing here
         # dials it. `scripts/kimipd up` drops what the state still holds of it (ops/node_out.py).
@@ -91,7 +94,7 @@ class Cluster(pulumi.ComponentResource):
             rank_nodes = sorted({address for group in cfg.groups.values()
                                  for address in group.nodes})
             key_files = {address: WorkerKeyFile(cfg, self.nodes[address], router_api_key,
-                                                opts=child)
+                                                self.admin_api_key, opts=child)
                          for address in rank_nodes}
         self.prefill = {
             name: ServingGroup(name, cfg, self.nodes, wait_for=[self.mooncake_master.gate],

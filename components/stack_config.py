@@ -66,7 +66,7 @@ def check_stack_secrets(namespace: str = CONFIG_NAMESPACE, model: type[BaseModel
         if name in secret_keys and not _is_secret(key):
             problems.append(
                 f"{name}: set in plain text (value not shown), so the "
-                f"{'API key' if name == 'routerApiKey' else 'private key'} sits "
+                f"{'API key' if name in ('routerApiKey', 'adminApiKey') else 'private key'} sits "
                 "unencrypted in Pulumi.<stack>.yaml and in every copy of that file: remove it "
                 f"(`pulumi config rm {name}`) and set it as a secret: `pulumi config set --secret "
                 f"{name} < KEYFILE`.")
@@ -126,6 +126,22 @@ def router_api_key(cfg: ClusterConfig) -> pulumi.Output[str] | None:
         "/generate to whoever reaches router.port, and every SGLang server requires the same key: "
         f"set one, `openssl rand -hex 32 | pulumi config set --secret {ROUTER_API_KEY}` (clients "
         "then send `Authorization: Bearer KEY`).")
+
+
+ADMIN_API_KEY = "adminApiKey"
+
+
+def admin_api_key(cfg: ClusterConfig) -> pulumi.Output[str] | None:
+    """SGLang's admin routes' own key (a secret, optional): with it they no longer take the key
+    the routers send (routerApiKey), only this one. Only the keyed servers of the rust router
+    have admin routes to guard."""
+    key = pulumi.Config(CONFIG_NAMESPACE).get_secret(ADMIN_API_KEY)
+    if key is not None and not cfg.workers_keyed:
+        raise ConfigError(
+            f"invalid kimipd secrets:\n  {ADMIN_API_KEY}: set, but with router.kind "
+            f"{cfg.router.kind!r} the SGLang servers run without keys, so there is nothing for "
+            f"it to guard: set router.kind rust, or `pulumi config rm {ADMIN_API_KEY}`.")
+    return key
 
 
 def _required_secret(name: str, why_and_fix: str) -> pulumi.Output[str]:

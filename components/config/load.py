@@ -14,7 +14,7 @@ from .cluster_config import ClusterConfig
 from .messages import validation_problems
 
 # Keys read with `Config.get_secret`; they never enter the model (and so never enter a rendering).
-SECRET_KEYS = frozenset({"sshPrivateKey", "routerApiKey", "doorTlsKey"})
+SECRET_KEYS = frozenset({"sshPrivateKey", "routerApiKey", "adminApiKey", "doorTlsKey"})
 
 
 def load_cluster_config(raw: Mapping[str, Any]) -> ClusterConfig:

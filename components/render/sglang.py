@@ -23,11 +23,15 @@ def worker_key_file(cfg: ClusterConfig) -> str:
     return f"{worker_key_dir(cfg)}/sglang.yaml"
 
 
-def worker_key_yaml(key: str) -> str:
+def worker_key_yaml(key: str, admin_key: str | None = None) -> str:
     """The file's content. A JSON string is a YAML string, whatever characters the key has;
     stripped as router-launch.py strips the router's copy (a key set from a file may end in a
-    newline), so the two always agree."""
-    return f"api-key: {json.dumps(key.strip())}\n"
+    newline), so the two always agree. ADMIN_KEY (the secret adminApiKey): SGLang's admin
+    routes then take it alone, and no longer the key the routers send."""
+    content = f"api-key: {json.dumps(key.strip())}\n"
+    if admin_key is not None:
+        content += f"admin-api-key: {json.dumps(admin_key.strip())}\n"
+    return content
 
 
 def write_worker_key_command(cfg: ClusterConfig) -> str:

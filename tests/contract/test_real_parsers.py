@@ -86,9 +86,9 @@ STACKS = edited_stacks()
 
 # The servers' key file as the program writes it on a node, here in a file of the tests' own:
 # the real parser reads it (SGLang's --config merge), so its format is held to the contract too.
-CONTRACT_KEY = 'contract-key:#"'
+CONTRACT_KEY, CONTRACT_ADMIN_KEY = 'contract-key:#"', "contract-admin-key 'x'"
 KEY_FILE = Path(tempfile.mkdtemp(prefix="kimipd-contract-")) / "sglang.yaml"
-KEY_FILE.write_text(worker_key_yaml(CONTRACT_KEY))
+KEY_FILE.write_text(worker_key_yaml(CONTRACT_KEY, CONTRACT_ADMIN_KEY))
 atexit.register(shutil.rmtree, KEY_FILE.parent, True)
 
 
@@ -127,7 +127,8 @@ def expected_server_values(cfg: ClusterConfig, name: str, rank: int) -> dict[str
         "port": group.http_port,
         # the router's key with the rust router (from the file), none with MiniLB
         "api_key": CONTRACT_KEY if cfg.workers_keyed else None,
-        "admin_api_key": None,
+        # the admin routes' own key (adminApiKey), from the same file
+        "admin_api_key": CONTRACT_ADMIN_KEY if cfg.workers_keyed else None,
     }
 
 

@@ -298,9 +298,11 @@ def test_a_rotated_key_replaces_every_key_file_and_the_old_key_stops_working(
         stack: auto.Stack, sim: SimCluster) -> None:
     """docs/security.md, Rotating the key: one `up` restarts the router slots and every SGLang
     rank with the new key; the old one is refused at the door."""
-    new_key = "kimipd-test-rotated-key"
+    new_key, admin_key = "kimipd-test-rotated-key", "kimipd-test-admin-key"
     before = container_ids(sim)
     stack.set_config("kimipd:routerApiKey", auto.ConfigValue(value=new_key, secret=True))
+    # The admin routes' own key, in the same key files (one restart for both).
+    stack.set_config("kimipd:adminApiKey", auto.ConfigValue(value=admin_key, secret=True))
     try:
         events = Events()
         stack.up(on_event=events)
@@ -317,7 +319,15 @@ def test_a_rotated_key_replaces_every_key_file_and_the_old_key_stops_working(
         assert (generate_status(ROUTER_API_KEY), generate_status(new_key)) == (401, 200)
         key_file = sim.ssh(DECODE_PEER, "cat /opt/kimipd/keys-31000/sglang.yaml")
         assert new_key in key_file.stdout and ROUTER_API_KEY not in key_file.stdout
+        # A server's admin route takes the admin key alone, not the key the routers send.
+        flush = {key: sim.ssh(PREFILL_RANK0, (
+            "curl -s -o /dev/null -w '%{http_code}' -X POST -H 'Authorization: Bearer "
+            f"{key}' http://{PREFILL_RANK0}:30000/flush_cache")).stdout.strip()
+            for key in (new_key, admin_key)}
+        assert flush == {new_key: "401", admin_key: "200"}, flush
+        assert generate_status(new_key) == 200  # generation still takes the routers' key
     finally:
+        stack.remove_config("kimipd:adminApiKey")
         stack.set_config("kimipd:routerApiKey",
                          auto.ConfigValue(value=ROUTER_API_KEY, secret=True))
 

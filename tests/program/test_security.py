@@ -119,3 +119,26 @@ def test_client_keys_travel_as_digests_and_the_internal_key_as_a_secret(values: 
             {name: clients.inputs.get(name, "") for name in ("create", "update", "delete")})
         assert "map_str(/opt/kimipd/router-31000/door/clients.map)" in run.named(
             f"{role}-config").inputs["stdin"]
+
+
+ADMIN_KEY = "test-admin-key-not-real"
+
+
+def test_the_admin_key_reaches_the_servers_key_files_only(values: dict) -> None:
+    run = run_program(values, extra_secrets={"kimipd:adminApiKey": ADMIN_KEY})
+    key_files = [r for r in run.resources if r.name.endswith("-sglang-api-key")]
+    assert len(key_files) == 8
+    for key_file in key_files:
+        assert key_file.raw_inputs["stdin"].get(SIG_KEY) == SECRET_SIG
+        assert f'admin-api-key: "{ADMIN_KEY}"' in key_file.inputs["stdin"]["value"]
+    for resource in run.resources:
+        for name in ("create", "update", "delete", "command", "envs", "labels"):
+            assert ADMIN_KEY not in json.dumps(resource.inputs.get(name, "")), resource.name
+    assert ADMIN_KEY not in json.dumps(run.stack_outputs)
+
+
+def test_an_admin_key_without_keyed_servers_is_refused(values: dict) -> None:
+    values["router"] = {"node": values["router"]["node"], "kind": "mini-lb"}
+    with pytest.raises(Exception, match="adminApiKey: set, but with router.kind 'mini-lb'"):
+        run_program(values, router_api_key=None,
+                    extra_secrets={"kimipd:adminApiKey": ADMIN_KEY})

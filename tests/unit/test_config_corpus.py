@@ -407,7 +407,7 @@ BAD = [
         "router.policy", "round_robin", "set router.kind to 'rust'"),
     Bad("an admin key beside the router's", put("groups", "prefill", "extraArgs",
                                                 ["--admin-api-key", "x"]),
-        "groups.prefill.extraArgs[0]", "--admin-api-key", "the servers take one key"),
+        "groups.prefill.extraArgs[0]", "--admin-api-key", "the secret adminApiKey"),
     Bad("several tokenizer workers with keyed servers",
         put("groups", "decode", "extraArgs", ["--tokenizer-worker-num", "2"]),
         "groups.decode.extraArgs[0]", "--tokenizer-worker-num", "--tokenizer-worker-num 1"),

@@ -154,6 +154,7 @@ def test_keyed_servers_read_the_key_from_a_file(pro6000: dict) -> None:
     assert not [arg for arg in argv if arg.startswith("--api-key")]
     # A JSON string is a YAML string: any character of the key survives.
     assert worker_key_yaml('k:#"1') == 'api-key: "k:#\\"1"\n'
+    assert worker_key_yaml("k", "admin\n") == 'api-key: "k"\nadmin-api-key: "admin"\n'
     assert write_worker_key_command(config).startswith("umask 077 && ")
 
 

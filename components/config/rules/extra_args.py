@@ -31,8 +31,8 @@ MANAGED_SGLANG_FLAGS = {
     "enable_metrics": "metrics.enabled (it also lists the targets in prometheusTargets)",
     "api_key": "the secret routerApiKey with router.kind rust (it reaches the servers in a "
                "root-only file, never on a command line)",
-    "admin_api_key": "nothing: the servers take one key, routerApiKey, which the router's "
-                     "/flush_cache fan-out also sends (docs/decisions.md)",
+    "admin_api_key": "the secret adminApiKey (it reaches the servers in their root-only key "
+                     "file, never on a command line)",
     "config": "nothing: the program passes its own key file with --config; put options in "
               "{group}.extraArgs",
 }
