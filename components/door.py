@@ -23,6 +23,7 @@ from .render import (
     door_spec,
     door_url,
     key_digest,
+    remove_door_clients_command,
     remove_door_files_command,
     write_door_config_command,
     write_door_tls_command,
@@ -80,6 +81,7 @@ class Door(pulumi.ComponentResource):
                 connection=node.connection,
                 create=door_clients_command(cfg),
                 update=door_clients_command(cfg),
+                delete=remove_door_clients_command(cfg),
                 stdin=pulumi.Output.secret(pulumi.Output.from_input(internal_key).apply(
                     lambda key: f"{key}\n{door_clients_map_text(cfg, key_digest(key))}")),
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[self.image, *files]))

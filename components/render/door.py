@@ -132,6 +132,12 @@ def door_clients_command(cfg: ClusterConfig) -> str:
     ])
 
 
+def remove_door_clients_command(cfg: ClusterConfig) -> str:
+    """Client keys turned off: the maps go (the door's configuration no longer reads them; its
+    update runs first, as the deletes of an `up` come last)."""
+    return f"rm -f {shell([door_clients_map(cfg), door_internal_key_map(cfg)])}"
+
+
 def door_tls_file(cfg: ClusterConfig) -> str:
     """Certificate chain and key in one PEM (HAProxy's `crt`); mode 0600, written from stdin."""
     return f"{door_dir(cfg)}/tls.pem"
