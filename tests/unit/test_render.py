@@ -443,9 +443,11 @@ def test_a_bootstrap_port_that_never_opens_is_not_answering(tmp_path) -> None:
                            "--container", "kimipd-prefill-r0", "--node", "174.1.60.1",
                            "--timeout", "1", "--interval", "0.5")
     assert result.returncode == 1
-    # Past its 1 s: on a loaded machine the last poll may end a second later.
-    assert re.search(r"kimipd-prefill-r0 on 174\.1\.60\.1: not answering after [12]s ",
-                     result.stderr) and "answered 000" in result.stderr, result.stderr
+    # It gives up once its timeout is past, naming how long it really waited (a poll on a
+    # loaded machine may end after the timeout: the line reports the time, not the setting).
+    found = re.search(r"kimipd-prefill-r0 on 174\.1\.60\.1: not answering after (\d+)s ",
+                      result.stderr)
+    assert found and int(found.group(1)) >= 1 and "answered 000" in result.stderr, result.stderr
 
 
 def test_any_status_still_fails_at_once_when_the_container_stops(tmp_path) -> None:
