@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import pulumi
 import pulumi_command as command
@@ -61,40 +61,27 @@ class Door(pulumi.ComponentResource):
         if spec.tls is not None:
             if tls_key is None:
                 raise ValueError("router.door.tls needs the secret doorTlsKey")
-            self.tls = command.remote.Command(
-                f"{role}-tls",
-                connection=node.connection,
-                create=write_door_tls_command(cfg),
-                update=write_door_tls_command(cfg),
-                # Certificate, then key: one PEM, as HAProxy's `crt` reads it.
-                stdin=pulumi.Output.secret(pulumi.Output.concat(
-                    spec.tls.certificate.strip(), "\n", tls_key)),
-                opts=pulumi.ResourceOptions(parent=self, depends_on=node.ready))
+            # Certificate, then key: one PEM, as HAProxy's `crt` reads it.
+            self.tls = self._file(node, f"{role}-tls", write_door_tls_command(cfg),
+                                  pulumi.Output.secret(pulumi.Output.concat(
+                                      spec.tls.certificate.strip(), "\n", tls_key)),
+                                  depends_on=node.ready)
             files.append(self.tls)
         if spec.client_keys:
             if internal_key is None:
                 raise ValueError("router.door.clientKeys needs the secret routerApiKey")
             # The clients' key digests and the internal key, in files of the door's and in the
             # running door (its runtime API): a client added or revoked reloads nothing.
-            self.clients = command.remote.Command(
-                f"{role}-clients",
-                connection=node.connection,
-                create=door_clients_command(cfg),
-                update=door_clients_command(cfg),
-                delete=remove_door_clients_command(cfg),
-                stdin=pulumi.Output.secret(pulumi.Output.from_input(internal_key).apply(
+            self.clients = self._file(
+                node, f"{role}-clients", door_clients_command(cfg),
+                pulumi.Output.secret(pulumi.Output.from_input(internal_key).apply(
                     lambda key: f"{key}\n{door_clients_map_text(cfg, key_digest(key))}")),
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.image, *files]))
+                depends_on=[self.image, *files], delete=remove_door_clients_command(cfg))
             files.append(self.clients)
         # Changed in place (update): the door reloads it, keeping its listener.
-        self.config = command.remote.Command(
-            f"{role}-config",
-            connection=node.connection,
-            create=write_door_config_command(cfg),
-            update=write_door_config_command(cfg),
-            delete=remove_door_files_command(cfg),
-            stdin=door_haproxy_config(cfg),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.image, *files]))
+        self.config = self._file(node, f"{role}-config", write_door_config_command(cfg),
+                                 door_haproxy_config(cfg), depends_on=[self.image, *files],
+                                 delete=remove_door_files_command(cfg))
         # Replaced with the container (the same inputs: the image and the plan), before it: a
         # HAProxy of the new image takes the running door's listening sockets, serves while the
         # old door finishes its streams and the new one starts, and gives them to the new one.
@@ -125,3 +112,12 @@ class Door(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.gate]))
         self.url = door_url(cfg)
         self.register_outputs({"url": self.url})
+
+    def _file(self, node: Node, name: str, write: str, stdin: pulumi.Input[str],
+              depends_on: pulumi.Input[Sequence[pulumi.Resource]],
+              delete: str | None = None) -> command.remote.Command:
+        """A file of the door's on NODE, written from STDIN by WRITE and changed in place (the
+        same command updates it; the running door takes the change without a restart)."""
+        return command.remote.Command(
+            name, connection=node.connection, create=write, update=write, delete=delete,
+            stdin=stdin, opts=pulumi.ResourceOptions(parent=self, depends_on=depends_on))
